@@ -1,0 +1,397 @@
+"""The ProcessGroup front: torch's collective API, checked and dispatched.
+
+:class:`ProcessGroupHpccomm` is what ``dist.init_process_group("hpccomm")``
+and ``dist.new_group`` return. Each method
+
+1. validates its arguments locally (:mod:`hpccomm.validation`) and, in debug
+   mode, against the other ranks (:mod:`hpccomm.debug`), before anything is
+   communicated;
+2. picks the transport registered for the tensors' device type;
+3. wraps the transport's Pending in an :class:`~hpccomm.work.HpcWork`, which
+   the caller's ``wait()`` drives inline, or hands it to the progress engine
+   when torch asked for an asynchronous op.
+
+The front knows nothing about MPI: transports plug in per device type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from functools import lru_cache
+
+import torch
+import torch.distributed as dist
+
+from . import debug, validation as check
+from .progress import engine
+from .transports import Transport
+from .transports.mpi_types import Reduction, reduction
+from .work import HpcWork, Pending
+
+RedOpType = dist.ReduceOp.RedOpType
+BACKEND_NAME = "hpccomm"
+
+
+@lru_cache(maxsize=None)
+def _plain_reduction(op: str, kind: RedOpType, dtype: torch.dtype) -> Reduction:
+    return reduction(op, dist.ReduceOp(kind), dtype)
+
+
+def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
+    kind = reduce_op.op
+    if kind == RedOpType.PREMUL_SUM:
+        return reduction(op, reduce_op, dtype)  # carries a per-call factor
+    return _plain_reduction(op, kind, dtype)
+
+
+class ProcessGroupHpccomm(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on hpccomm transports.
+
+    Args:
+        rank: this process's rank in the group.
+        size: the number of ranks in the group.
+        transports: the transport for each device type (``"cpu"`` -> MPI).
+        timeout: bounds every operation on the group.
+        global_ranks: the world rank of each group rank.
+        checker: debug mode's cross-rank argument checker, or None.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        transports: dict[str, Transport],
+        timeout: timedelta,
+        global_ranks: Sequence[int],
+        checker: debug.Checker | None = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._transports = transports
+        self._timeout = timeout
+        self._global_ranks = list(global_ranks)
+        self._group_name = ""
+        self._seq = 0
+        self._closed: str | None = None
+        self._debug = checker
+        self._async_works: list[HpcWork] = []
+
+    # -- identity --------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    def describe(self) -> str:
+        """'group NAME (N ranks)', for messages."""
+        return f"group '{self._group_name or '?'}' ({self._size} ranks)"
+
+    def global_ranks(self) -> list[int]:
+        """World rank of each rank of this group."""
+        return list(self._global_ranks)
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _route(self, op: str, tensor: torch.Tensor) -> Transport:
+        if self._closed is not None:
+            raise RuntimeError(f"hpccomm {op}: {self.describe()} was {self._closed}; create a new group")
+        return self._transports[tensor.device.type]
+
+    def _launch(self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool) -> HpcWork:
+        self._seq += 1
+        work = HpcWork(post, outputs, (op, self, self._seq), self._timeout)
+        if async_op:
+            self._async_works = [w for w in self._async_works if not w._done]
+            self._async_works.append(work)
+            engine().submit(work)
+        return work
+
+    def _precheck(self, op: str, **signature: object) -> None:
+        if self._debug is not None:
+            self._debug.agree(op, self._seq + 1, self.describe(), signature)
+
+    # -- all-reduce, broadcast, reduce ---------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions = None) -> dist.Work:
+        opts = opts or dist.AllreduceOptions()
+        tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        transport = self._route("all_reduce", tensor)
+        red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
+        if self._debug is not None:
+            self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), op=opts.reduceOp.op)
+        return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions = None) -> dist.Work:
+        opts = opts or dist.AllreduceCoalescedOptions()
+        op = "all_reduce_coalesced"
+        tensors = check.check_tensors(op, "tensors", tensors, self._transports)
+        if not tensors:
+            raise check.fail(op, "tensors is empty")
+        transport = self._route(op, tensors[0])
+        red = _reduction_for(op, opts.reduceOp, tensors[0].dtype)
+        self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], op=opts.reduceOp.op)
+        return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions = None) -> dist.Work:
+        opts = opts or dist.BroadcastOptions()
+        tensor = check.check_single("broadcast", "tensor", tensors, self._transports)
+        root = check.check_rank("broadcast", "src", opts.rootRank, self._size)
+        transport = self._route("broadcast", tensor)
+        self._precheck("broadcast", dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions = None) -> dist.Work:
+        opts = opts or dist.ReduceOptions()
+        tensor = check.check_single("reduce", "tensor", tensors, self._transports)
+        root = check.check_rank("reduce", "dst", opts.rootRank, self._size)
+        transport = self._route("reduce", tensor)
+        red = _reduction_for("reduce", opts.reduceOp, tensor.dtype)
+        self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, op=opts.reduceOp.op)
+        return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp)
+
+    # -- gathers -------------------------------------------------------------
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: dist.AllgatherOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather"
+        tensor = check.check_single(op, "tensor", input_tensors, self._transports)
+        if len(output_tensors) != 1:
+            raise check.fail(op, f"tensor_list must be one list per process, got {len(output_tensors)}")
+        outputs = check.check_tensors(op, "tensor_list", output_tensors[0], self._transports)
+        check.check_length(op, "tensor_list", outputs, self._size)
+        check.check_same_dtype(op, "tensor_list[0]", outputs[0], tensor, "tensor")
+        check.check_numel(op, f"tensor_list[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
+        return self._launch(op, transport.allgather(outputs, tensor), outputs, opts.asyncOp)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: dist.AllgatherOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        if len(output_lists) != len(input_list):
+            raise check.fail("all_gather_coalesced", "output_tensor_lists and input_tensor_list differ in length")
+        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
+        return works[-1] if works else self.barrier()
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: dist.AllgatherOptions = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        op = "all_gather_into_tensor"
+        tensor = check.check_tensor(op, "input_tensor", input, self._transports)
+        output = check.check_tensor(op, "output_tensor", output, self._transports)
+        check.check_same_dtype(op, "output_tensor", output, tensor, "input_tensor")
+        check.check_numel(op, "output_tensor", output, tensor.numel() * self._size, "world size x input elements")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel())
+        return self._launch(op, transport.allgather_into(output, tensor), [output], opts.asyncOp)
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllgatherOptions = None
+    ) -> dist.Work:
+        return self._coalesced(self.all_gather_single, outputs, inputs, opts or dist.AllgatherOptions())
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: dist.GatherOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.GatherOptions()
+        op = "gather"
+        tensor = check.check_single(op, "tensor", input_tensors, self._transports)
+        root = check.check_rank(op, "dst", opts.rootRank, self._size)
+        outputs = None
+        if self._rank == root:
+            if len(output_tensors) != 1:
+                raise check.fail(op, "gather_list must be given on the destination rank")
+            outputs = check.check_tensors(op, "gather_list", output_tensors[0], self._transports)
+            check.check_length(op, "gather_list", outputs, self._size)
+            check.check_same_dtype(op, "gather_list[0]", outputs[0], tensor, "tensor")
+            check.check_numel(op, f"gather_list[{root}]", outputs[root], tensor.numel(), "the root's tensor")
+        elif output_tensors and output_tensors[0]:
+            raise check.fail(op, "gather_list must only be given on the destination rank")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        return self._launch(op, transport.gather(outputs, tensor, root), outputs or [], opts.asyncOp)
+
+    # -- scatters and reduce-scatters ---------------------------------------
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: dist.ScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.ScatterOptions()
+        op = "scatter"
+        output = check.check_single(op, "tensor", output_tensors, self._transports)
+        root = check.check_rank(op, "src", opts.rootRank, self._size)
+        inputs = None
+        if self._rank == root:
+            if len(input_tensors) != 1:
+                raise check.fail(op, "scatter_list must be given on the source rank")
+            inputs = check.check_tensors(op, "scatter_list", input_tensors[0], self._transports)
+            check.check_length(op, "scatter_list", inputs, self._size)
+            check.check_same_dtype(op, "scatter_list[0]", inputs[0], output, "tensor")
+            check.check_numel(op, f"scatter_list[{root}]", inputs[root], output.numel(), "the root's tensor")
+        elif input_tensors and input_tensors[0]:
+            raise check.fail(op, "scatter_list must only be given on the source rank")
+        transport = self._route(op, output)
+        self._precheck(op, dtype=output.dtype, numel=output.numel(), root=root)
+        return self._launch(op, transport.scatter(output, inputs, root), [output], opts.asyncOp)
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: dist.ReduceScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        op = "reduce_scatter"
+        output = check.check_single(op, "output", output_tensors, self._transports)
+        if len(input_tensors) != 1:
+            raise check.fail(op, f"input_list must be one list per process, got {len(input_tensors)}")
+        inputs = check.check_tensors(op, "input_list", input_tensors[0], self._transports)
+        check.check_length(op, "input_list", inputs, self._size)
+        check.check_same_dtype(op, "input_list[0]", inputs[0], output, "output")
+        check.check_numel(op, "output", output, inputs[self._rank].numel(), f"input_list[{self._rank}]")
+        transport = self._route(op, output)
+        red = _reduction_for(op, opts.reduceOp, output.dtype)
+        self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], op=opts.reduceOp.op)
+        return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: dist.ReduceScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        op = "reduce_scatter_tensor"
+        tensor = check.check_tensor(op, "input", input, self._transports)
+        output = check.check_tensor(op, "output", output, self._transports)
+        check.check_same_dtype(op, "output", output, tensor, "input")
+        check.check_numel(op, "input", tensor, output.numel() * self._size, "world size x output elements")
+        transport = self._route(op, tensor)
+        red = _reduction_for(op, opts.reduceOp, tensor.dtype)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), op=opts.reduceOp.op)
+        return self._launch(op, transport.reduce_scatter_from(output, tensor, red), [output], opts.asyncOp)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.ReduceScatterOptions = None
+    ) -> dist.Work:
+        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts or dist.ReduceScatterOptions())
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _coalesced(self, single, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts) -> dist.Work:
+        if len(outputs) != len(inputs):
+            raise check.fail(single.__name__, "outputs and inputs differ in length")
+        # Posted back to back; MPI completes them in order, so the last one
+        # completing means all have.
+        works = [single(out, inp, opts) for out, inp in zip(outputs, inputs)]
+        return works[-1] if works else self.barrier()
+
+    # -- all-to-all ------------------------------------------------------------
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: dist.AllToAllOptions = None
+    ) -> dist.Work:
+        opts = opts or dist.AllToAllOptions()
+        op = "all_to_all"
+        outputs = check.check_tensors(op, "output_tensor_list", output_tensors, self._transports)
+        inputs = check.check_tensors(op, "input_tensor_list", input_tensors, self._transports)
+        check.check_length(op, "output_tensor_list", outputs, self._size)
+        check.check_length(op, "input_tensor_list", inputs, self._size)
+        check.check_same_dtype(op, "output_tensor_list[0]", outputs[0], inputs[0], "input_tensor_list[0]")
+        transport = self._route(op, inputs[0])
+        self._precheck(op, dtype=inputs[0].dtype, numels=[t.numel() for t in inputs])
+        return self._launch(op, transport.alltoall(outputs, inputs), outputs, opts.asyncOp)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: dist.AllToAllOptions = None,
+    ) -> dist.Work:
+        opts = opts or dist.AllToAllOptions()
+        op = "all_to_all_single"
+        tensor = check.check_tensor(op, "input", input, self._transports)
+        output = check.check_tensor(op, "output", output, self._transports)
+        check.check_same_dtype(op, "output", output, tensor, "input")
+        input_counts = check.split_counts(op, "input", tensor, input_split_sizes, self._size)
+        output_counts = check.split_counts(op, "output", output, output_split_sizes, self._size)
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, sends=input_counts, receives=output_counts)
+        post = transport.alltoall_single(output, tensor, output_counts, input_counts)
+        return self._launch(op, post, [output], opts.asyncOp)
+
+    alltoall_base = all_to_all_single
+
+    # -- barrier and point-to-point -------------------------------------------
+
+    def barrier(self, opts: dist.BarrierOptions = None) -> dist.Work:
+        opts = opts or dist.BarrierOptions()
+        transport = self._route("barrier", torch.empty(0))
+        self._precheck("barrier")
+        return self._launch("barrier", transport.barrier(), [], opts.asyncOp)
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
+        tensor = check.check_single("send", "tensor", tensors, self._transports)
+        peer = check.check_rank("send", "dst", dstRank, self._size)
+        if tag < 0:
+            raise check.fail("send", f"tag={tag} must be non-negative")
+        transport = self._route("send", tensor)
+        return self._launch("send", transport.send(tensor, peer, tag), tensors, True)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
+        tensor = check.check_single("recv", "tensor", tensors, self._transports)
+        peer = check.check_rank("recv", "src", srcRank, self._size)
+        if tag < 0:
+            raise check.fail("recv", f"tag={tag} must be non-negative")
+        transport = self._route("recv", tensor)
+        return self._launch("recv", transport.recv(tensor, peer, tag), tensors, True)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        tensor = check.check_single("recv", "tensor", tensors, self._transports)
+        if tag < 0:
+            raise check.fail("recv", f"tag={tag} must be non-negative")
+        transport = self._route("recv", tensor)
+        return self._launch("recv", transport.recv(tensor, None, tag), tensors, True)
+
+    # -- lifetime ----------------------------------------------------------------
+
+    def _wait_for_pending_works(self) -> None:
+        for work in self._async_works:
+            if not work._done:
+                try:
+                    work.wait()
+                except RuntimeError:
+                    pass  # already reported to whoever waited on it
+        self._async_works = []
+
+    def shutdown(self) -> None:
+        """Release the group's transports; later calls raise."""
+        self._close("shut down")
+
+    def abort(self) -> None:
+        """End the group now without waiting for pending work; later calls raise."""
+        self._close("aborted")
+
+    def _close(self, how: str) -> None:
+        if self._closed is not None:
+            return
+        self._closed = how
+        for transport in self._transports.values():
+            transport.close()
+        if self._debug is not None:
+            self._debug.close()

@@ -1,0 +1,106 @@
+"""The progress engine: a background thread that drives asynchronous work.
+
+MPI moves a nonblocking operation forward only while some thread is inside
+an MPI call. Work posted with ``async_op=True`` (and all work DDP posts from
+its autograd hooks) is handed to this engine, whose thread polls it until it
+completes, runs its follow-up and settles its future, so communication
+overlaps with the caller's compute. Blocking calls never come here.
+
+The thread starts on the first asynchronous operation, sleeps on a condition
+variable while there is nothing to drive, and is stopped and joined at
+interpreter exit, before mpi4py finalises MPI, so no thread is ever inside MPI
+while MPI shuts down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread
+level it is never started and asynchronous work progresses when waited on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+
+from .work import HpcWork
+
+_JOIN_TIMEOUT_S = 5.0
+
+
+class ProgressEngine:
+    """Polls submitted :class:`HpcWork` from one daemon thread.
+
+    Args:
+        enabled: when False, :meth:`submit` does nothing and work progresses
+            only in :meth:`HpcWork.wait`.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
+        self._works: list[HpcWork] = []
+        self._wakeup = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def submit(self, work: HpcWork) -> None:
+        """Drive ``work`` in the background until it completes."""
+        if not self._enabled:
+            return
+        with self._wakeup:
+            if self._stopping:
+                return
+            self._works.append(work)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hpccomm-progress", daemon=True)
+                self._thread.start()
+            self._wakeup.notify()
+
+    def pending(self) -> int:
+        """How many submitted works have not completed yet."""
+        with self._wakeup:
+            return len(self._works)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while not self._works and not self._stopping:
+                    self._wakeup.wait()
+                if self._stopping:
+                    return
+                works = list(self._works)
+            finished = [work for work in works if work.poll()]
+            if finished:
+                with self._wakeup:
+                    self._works = [work for work in self._works if work not in finished]
+            else:
+                # Let the compute thread have the GIL between polls.
+                time.sleep(0)
+
+    def shutdown(self, timeout_s: float = _JOIN_TIMEOUT_S) -> bool:
+        """Stop the thread; True if it ended within ``timeout_s``.
+
+        Work still pending is left unfinished (its waiters drive it themselves).
+        """
+        with self._wakeup:
+            self._stopping = True
+            self._wakeup.notify()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+
+_engine: ProgressEngine | None = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> ProgressEngine:
+    """The process-wide engine, created on first use."""
+    global _engine
+    if _engine is None:
+        with _engine_lock:
+            if _engine is None:
+                from . import world
+                from .config import settings
+
+                _engine = ProgressEngine(settings.progress_thread and world.has_thread_multiple())
+                atexit.register(_engine.shutdown)
+    return _engine

@@ -1,0 +1,100 @@
+"""Registration: make ``"hpccomm"`` a torch.distributed backend.
+
+:func:`register` runs on ``import hpccomm`` and from the
+``torch.distributed.backends`` entry point. It is cheap and starts nothing:
+MPI starts when the first group is created.
+
+Each group gets its own MPI communicator. The world group duplicates
+``MPI_COMM_WORLD`` (so user MPI traffic never mixes with ours); a subgroup
+is carved out of it with ``MPI_Comm_create_group``, which only the members
+call, matching torch, which only calls the backend on members.
+"""
+
+from __future__ import annotations
+
+import zlib
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import debug, rendezvous, world
+from .config import settings
+from .process_group import BACKEND_NAME, ProcessGroupHpccomm
+from .transports import Transport
+from .transports.mpi import MPITransport
+
+_registered = False
+_world_comm: Any = None
+
+
+def register() -> None:
+    """Register the hpccomm backend with torch.distributed (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    if BACKEND_NAME.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=["cpu", "cuda"])
+    rendezvous.install()
+    _register_dist2()
+    _registered = True
+
+
+def _register_dist2() -> None:
+    try:
+        from torch.distributed import _dist2
+    except ImportError:
+        return
+    if BACKEND_NAME not in _dist2._BACKENDS:
+        _dist2.register_backend(BACKEND_NAME, _dist2_factory)
+
+
+def _dist2_factory(
+    store: dist.Store, rank: int, world_size: int, timeout: timedelta, device: torch.device, **kwargs: object
+) -> ProcessGroupHpccomm:
+    if kwargs:
+        raise ValueError(f"hpccomm: unexpected options {sorted(kwargs)}")
+    rendezvous.check_user_identity(rank, world_size, world.identity())
+    return _build(_world_communicator(fresh=False).Dup(), list(range(world_size)), timeout)
+
+
+def _create_group(opts: Any, _backend_options: Any = None) -> ProcessGroupHpccomm:
+    """torch's extended-API creator, called on the members of each new group."""
+    ident = world.identity()
+    ranks = list(opts.global_ranks_in_group)
+    if not dist.is_initialized():
+        # The default group: a store passed by the user carries its own rank and size.
+        rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
+        return _build(_world_communicator(fresh=True), list(range(ident.world_size)), opts.timeout)
+    if not ranks or ranks == list(range(ident.world_size)):
+        return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
+    MPI = world.mpi()
+    parent = _world_communicator(fresh=False)
+    members = parent.Get_group().Incl(ranks)
+    # The tag must be equal on all members; the group name torch assigns is.
+    tag = zlib.crc32(str(opts.group_id).encode()) % 32768
+    try:
+        comm = parent.Create_group(members, tag)
+    finally:
+        members.Free()
+    if comm == MPI.COMM_NULL:
+        raise RuntimeError(f"hpccomm new_group: rank {ident.rank} is not in ranks {ranks}")
+    return _build(comm, ranks, opts.timeout)
+
+
+def _world_communicator(fresh: bool) -> Any:
+    """hpccomm's duplicate of MPI_COMM_WORLD; a new one for each default group."""
+    global _world_comm
+    if fresh or _world_comm is None:
+        if _world_comm is not None:
+            _world_comm.Free()  # the previous default group's; its subgroups own their comms
+        _world_comm = world.mpi().COMM_WORLD.Dup()
+        return _world_comm.Dup()
+    return _world_comm
+
+
+def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
+    transports: dict[str, Transport] = {"cpu": MPITransport(comm)}
+    checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
+    return ProcessGroupHpccomm(comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, checker)

@@ -1,0 +1,115 @@
+"""Rendezvous from MPI: ``init_process_group`` with no MASTER_ADDR or store.
+
+torch's default ``env://`` rendezvous needs RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT, and its TCPStore server listens on every interface. Under an MPI
+launcher all of that is already known, so hpccomm wraps the ``env://`` handler:
+
+* If the user set MASTER_ADDR and MASTER_PORT, torch's own handler runs (the
+  user's choice is honoured), with RANK and WORLD_SIZE taken from MPI.
+* Otherwise rank and world size come from MPI and the store is private to the
+  job: on one node a :class:`~torch.distributed.FileStore` in a fresh 0700
+  directory (nothing listens on the network at all); across nodes a TCPStore
+  on rank 0 with a port the kernel picks, so two jobs never collide.
+
+The store lives as long as the process group that holds it. hpccomm's own
+collectives never use it; it serves torch and any other backend (such as
+gloo) created in the same job.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as dist
+from torch.distributed.rendezvous import _rendezvous_handlers
+
+from . import world
+
+_installed = False
+
+
+def install() -> None:
+    """Wrap torch's ``env://`` rendezvous handler (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    # register_rendezvous_handler refuses to replace a scheme, so the wrapper
+    # goes into the handler table directly; it defers to the original handler
+    # whenever the user configured a TCP rendezvous.
+    _rendezvous_handlers["env"] = _wrap_env_handler(_rendezvous_handlers["env"])
+    _installed = True
+
+
+def _wrap_env_handler(original: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def handler(url: str, timeout: timedelta = dist.default_pg_timeout, **kwargs: Any):
+        ident = world.identity()
+        query = {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+        check_user_identity(query.get("rank"), query.get("world_size"), ident)
+        if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            return original(url, timeout=timeout, **kwargs)
+        return _mpi_rendezvous(ident, timeout)
+
+    return handler
+
+
+def check_user_identity(rank: Any, world_size: Any, ident: world.Identity) -> None:
+    """Raise ValueError if a user-supplied rank or world size disagrees with MPI.
+
+    Args:
+        rank: the rank the user passed, or None / -1 when not given.
+        world_size: the world size the user passed, or None / -1.
+        ident: what MPI reports.
+    """
+    if world_size is not None and int(world_size) not in (-1, ident.world_size):
+        raise ValueError(
+            f"hpccomm: world_size={int(world_size)} was passed but MPI reports a world "
+            f"size of {ident.world_size}; drop the argument or launch "
+            f"{int(world_size)} ranks"
+        )
+    if rank is not None and int(rank) not in (-1, ident.rank):
+        raise ValueError(
+            f"hpccomm: rank={int(rank)} was passed but MPI says this process is rank "
+            f"{ident.rank}; drop the argument"
+        )
+
+
+def _mpi_rendezvous(ident: world.Identity, timeout: timedelta):
+    store = _job_store(ident, timeout)
+    yield (store, ident.rank, ident.world_size)
+    raise RuntimeError("hpccomm: re-rendezvous is not supported; MPI fixes the job's membership")
+
+
+def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
+    comm = world.mpi().COMM_WORLD
+    if ident.single_node:
+        directory = tempfile.mkdtemp(prefix="hpccomm-store-") if ident.rank == 0 else None
+        directory = comm.bcast(directory, root=0)
+        store = dist.FileStore(os.path.join(directory, "store"), ident.world_size)
+        # FileStore reopens its file on every operation and deletes it with the
+        # last handle; the (then empty) directory goes when rank 0 exits.
+        if ident.rank == 0:
+            _remove_dir_at_exit(directory)
+        store.set_timeout(timeout)
+        return store
+    if ident.rank == 0:
+        host = world.hostname()
+        server = dist.TCPStore(host, 0, ident.world_size, True, timeout=timeout, wait_for_workers=False)
+        address = (host, server.port)
+    else:
+        server, address = None, None
+    host, port = comm.bcast(address, root=0)
+    if server is not None:
+        return server
+    return dist.TCPStore(host, port, ident.world_size, False, timeout=timeout)
+
+
+def _remove_dir_at_exit(directory: str) -> None:
+    import atexit
+
+    atexit.register(shutil.rmtree, directory, True)

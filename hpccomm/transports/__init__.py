@@ -1,0 +1,79 @@
+"""Transports: how one group moves tensors of one device type.
+
+The front (:mod:`hpccomm.process_group`) validates arguments and then hands
+plain tensors to the transport registered for their device. A transport
+posts the communication and returns a :class:`~hpccomm.work.Pending`; the
+Work and progress machinery is shared by all transports. Adding a transport
+(UCC for CUDA tensors, say) means implementing :class:`Transport` and
+registering a factory for its device type; the front does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..work import Pending
+from .mpi_types import Reduction
+
+
+class Transport:
+    """The operations a transport offers one process group.
+
+    Every method receives validated tensors (right sizes, one device, dense)
+    and returns a Pending that completes the operation. Methods may assume
+    that every member of the group makes the same call in the same order.
+    """
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        raise NotImplementedError
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        raise NotImplementedError
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        raise NotImplementedError
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        raise NotImplementedError
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        raise NotImplementedError
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        raise NotImplementedError
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        raise NotImplementedError
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        raise NotImplementedError
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        raise NotImplementedError
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        raise NotImplementedError
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        raise NotImplementedError
+
+    def barrier(self) -> Pending:
+        raise NotImplementedError
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        raise NotImplementedError
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        """Receive from ``peer``, or from any rank when ``peer`` is None."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release the transport's resources; no operation follows."""
+
+
+TransportFactory = Callable[[Any], Transport]

@@ -1,0 +1,117 @@
+"""Argument checks that run before any communication is posted.
+
+A bad argument on one rank must never leave the others waiting inside a
+collective, so the front checks everything it can check locally first and
+raises ValueError (bad value) or RuntimeError (no route for the device), each
+naming the op and the argument. Checks that need the other ranks' arguments
+live in :mod:`hpccomm.debug`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+
+
+def fail(op: str, message: str) -> ValueError:
+    """A ValueError worded the hpccomm way: ``hpccomm <op>: <message>``."""
+    return ValueError(f"hpccomm {op}: {message}")
+
+
+def check_tensor(op: str, arg: str, tensor: object, routes: Collection[str]) -> torch.Tensor:
+    """Check ``tensor`` is a dense tensor on a device this group can move.
+
+    Args:
+        op: the collective's name, for the message.
+        arg: the argument's name, for the message.
+        tensor: the value to check.
+        routes: device types this group has a transport for.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise fail(op, f"{arg} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided:
+        raise fail(op, f"{arg} is a {tensor.layout} tensor; only dense (strided) tensors are supported")
+    device = tensor.device.type
+    if device not in routes:
+        raise RuntimeError(
+            f"hpccomm {op}: {arg} is on device '{tensor.device}', but this group has no transport "
+            f"for '{device}' tensors (routes: {', '.join(sorted(routes))}); the UCC transport for "
+            f"CUDA is not available in this installation, so move the tensor to the CPU"
+        )
+    return tensor
+
+
+def check_tensors(op: str, arg: str, tensors: object, routes: Collection[str]) -> list[torch.Tensor]:
+    """Check a list of tensors share one dtype and device, each as :func:`check_tensor`."""
+    if not isinstance(tensors, (list, tuple)):
+        raise fail(op, f"{arg} must be a list of tensors, got {type(tensors).__name__}")
+    checked = [check_tensor(op, f"{arg}[{i}]", t, routes) for i, t in enumerate(tensors)]
+    if checked:
+        first = checked[0]
+        for i, t in enumerate(checked[1:], start=1):
+            if t.dtype != first.dtype or t.device != first.device:
+                raise fail(
+                    op,
+                    f"{arg}[{i}] is {t.dtype} on {t.device} but {arg}[0] is {first.dtype} on "
+                    f"{first.device}; all must match",
+                )
+    return checked
+
+
+def check_single(op: str, arg: str, tensors: object, routes: Collection[str]) -> torch.Tensor:
+    """Unwrap torch's one-element tensor list, checking it has exactly one tensor."""
+    checked = check_tensors(op, arg, tensors, routes)
+    if len(checked) != 1:
+        raise fail(op, f"{arg} must hold exactly one tensor per process, got {len(checked)}")
+    return checked[0]
+
+
+def check_length(op: str, arg: str, items: Sequence[object], expected: int) -> None:
+    """Check a per-rank list has one entry per rank in the group."""
+    if len(items) != expected:
+        raise fail(op, f"{arg} has {len(items)} entries but the group has {expected} ranks")
+
+
+def check_rank(op: str, arg: str, rank: int, size: int) -> int:
+    """Check ``rank`` names a member of a group of ``size`` ranks."""
+    if not 0 <= rank < size:
+        raise fail(op, f"{arg}={rank} is not a rank of this group (valid: 0..{size - 1})")
+    return rank
+
+
+def check_same_dtype(op: str, arg: str, tensor: torch.Tensor, reference: torch.Tensor, ref_arg: str) -> None:
+    """Check an output matches its input's dtype."""
+    if tensor.dtype != reference.dtype:
+        raise fail(op, f"{arg} has dtype {tensor.dtype} but {ref_arg} has {reference.dtype}")
+
+
+def check_numel(op: str, arg: str, tensor: torch.Tensor, expected: int, why: str) -> None:
+    """Check a tensor holds exactly ``expected`` elements."""
+    if tensor.numel() != expected:
+        raise fail(op, f"{arg} has {tensor.numel()} elements but needs {expected} ({why})")
+
+
+def split_counts(op: str, arg: str, tensor: torch.Tensor, splits: Sequence[int], size: int) -> list[int]:
+    """Element counts per rank for all_to_all_single's split sizes along dim 0.
+
+    Args:
+        op: the collective's name.
+        arg: the tensor argument's name (``input`` or ``output``).
+        tensor: the tensor being split.
+        splits: rows per rank, or empty for an even split.
+        size: the group size.
+    """
+    rows = tensor.size(0) if tensor.dim() > 0 else tensor.numel()
+    per_row = tensor.numel() // rows if rows else 0
+    if not splits:
+        if rows % size:
+            raise fail(op, f"{arg} has {rows} rows, which do not split evenly over {size} ranks; pass split sizes")
+        return [rows // size * per_row] * size
+    if len(splits) != size:
+        raise fail(op, f"{arg}_split_sizes has {len(splits)} entries but the group has {size} ranks")
+    if any(s < 0 for s in splits):
+        raise fail(op, f"{arg}_split_sizes {list(splits)} has a negative entry")
+    if sum(splits) != rows:
+        raise fail(op, f"{arg}_split_sizes {list(splits)} sum to {sum(splits)} but {arg} has {rows} rows")
+    return [s * per_row for s in splits]

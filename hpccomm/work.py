@@ -1,0 +1,191 @@
+"""Work: the handle every hpccomm operation returns.
+
+A transport turns an operation into a :class:`Pending`: communication already
+posted (nonblocking MPI requests, say) plus local work to do once it lands
+(copying a staging buffer back, dividing for AVG). :class:`HpcWork` drives a
+Pending to completion from whichever thread gets there first:
+
+* the thread that calls :meth:`HpcWork.wait` polls it itself, so a blocking
+  collective never pays a hop to another thread;
+* the progress engine (:mod:`hpccomm.progress`) polls asynchronous work that
+  nobody is waiting on yet, so it overlaps with the caller's compute.
+
+A per-work claim lock makes sure only one thread tests a request at a time,
+as MPI requires. Every wait is bounded by the group's timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+# Poll this many times between clock reads: reading the clock costs more
+# than a poll of a request that is about to complete.
+_POLLS_PER_CLOCK_READ = 256
+
+
+class Pending(Protocol):
+    """Posted communication plus the local work that follows it."""
+
+    def test(self) -> bool:
+        """Make progress; return True once all communication has completed."""
+
+    def finish(self) -> None:
+        """Local work after the communication (copy-back, scaling); runs once."""
+
+
+class CommTimeoutError(RuntimeError):
+    """A collective or point-to-point operation did not complete in time."""
+
+
+class HpcWork(dist.Work):
+    """Handle for one posted operation.
+
+    Args:
+        pending: the posted communication and its follow-up.
+        outputs: the tensors the operation writes; the future's value.
+        label: (op name, group, sequence number), for error messages.
+        timeout: the group's timeout; bounds every wait on this work.
+    """
+
+    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: tuple[str, Any, int], timeout: timedelta) -> None:
+        super().__init__()
+        self._pending = pending
+        self._outputs = outputs
+        self._label = label
+        self._timeout_s = timeout.total_seconds()
+        self._deadline = time.monotonic() + self._timeout_s
+        # Re-entrant: a future callback run on completion may call wait().
+        self._claim = threading.RLock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._future: Future | None = None
+        self._done_event: threading.Event | None = None
+
+    # -- driving ---------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Progress once without blocking; True when the work has ended.
+
+        Used by the progress engine: skips a work some waiter is driving.
+        """
+        if self._done:
+            return True
+        if not self._claim.acquire(blocking=False):
+            return False
+        try:
+            if not self._done:
+                if self._pending.test():
+                    self._complete(None)
+                elif time.monotonic() > self._deadline:
+                    self._complete(self._timeout_error(self._timeout_s))
+        finally:
+            self._claim.release()
+        return self._done
+
+    def _drive_until(self, deadline: float) -> bool:
+        test = self._pending.test
+        polls = 0
+        while not test():
+            polls += 1
+            if polls % _POLLS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
+                return False
+        return True
+
+    def _complete(self, error: BaseException | None) -> None:
+        if error is None:
+            try:
+                self._pending.finish()
+            except BaseException as exc:  # surfaced through wait() and the future
+                error = exc
+        self._error = error
+        self._done = True
+        if self._done_event is not None:
+            self._done_event.set()
+        if self._future is not None:
+            self._settle_future(self._future)
+
+    def _settle_future(self, future: Future) -> None:
+        if self._error is None:
+            future.set_result(self._outputs)
+        else:
+            future.set_exception(self._error)
+
+    def _timeout_error(self, waited_s: float) -> CommTimeoutError:
+        return CommTimeoutError(
+            f"hpccomm {self.describe()} did not complete within {waited_s:.1f} s; "
+            "a peer rank may not have joined this operation"
+        )
+
+    def describe(self) -> str:
+        """'<op> #<seq> on group <name> (<n> ranks)'."""
+        op, group, seq = self._label
+        return f"{op} #{seq} on {group.describe()}"
+
+    # -- torch.distributed.Work API ---------------------------------------
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the work ends; raise its error, or a timeout error.
+
+        Args:
+            timeout: wait at most this long (never past the group timeout);
+                None or zero means the group timeout.
+        """
+        if not self._done:
+            limit = self._deadline
+            waited = self._timeout_s
+            if timeout is not None and timeout.total_seconds() > 0:
+                waited = timeout.total_seconds()
+                limit = min(limit, time.monotonic() + waited)
+            with self._claim:
+                if not self._done:
+                    if self._drive_until(limit):
+                        self._complete(None)
+                    elif limit >= self._deadline:
+                        self._complete(self._timeout_error(self._timeout_s))
+                    else:
+                        raise self._timeout_error(waited)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self.poll()
+
+    def is_success(self) -> bool:
+        return self.poll() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        return self._outputs
+
+    def get_future(self) -> Future:
+        """A future holding the output tensors once the work completes."""
+        if self._future is None:
+            future: Future = Future()
+            with self._claim:
+                self._future = future
+                if self._done:
+                    self._settle_future(future)
+        return self._future
+
+    def _source_rank(self) -> int:
+        return getattr(self._pending, "source_rank", -1)
+
+    def done_event(self) -> threading.Event:
+        """An event set when the work ends (for waiting without polling)."""
+        if self._done_event is None:
+            event = threading.Event()
+            with self._claim:
+                self._done_event = event
+                if self._done:
+                    event.set()
+        return self._done_event

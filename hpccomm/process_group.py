@@ -129,7 +129,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         transport = self._route("all_reduce", tensor)
         red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
         if self._debug is not None:
-            self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), op=opts.reduceOp.op)
+            self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions = None) -> dist.Work:
@@ -140,7 +140,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
             raise check.fail(op, "tensors is empty")
         transport = self._route(op, tensors[0])
         red = _reduction_for(op, opts.reduceOp, tensors[0].dtype)
-        self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], op=opts.reduceOp.op)
+        self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions = None) -> dist.Work:
@@ -157,7 +157,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         root = check.check_rank("reduce", "dst", opts.rootRank, self._size)
         transport = self._route("reduce", tensor)
         red = _reduction_for("reduce", opts.reduceOp, tensor.dtype)
-        self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, op=opts.reduceOp.op)
+        self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, reduce_op=opts.reduceOp.op)
         return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp)
 
     # -- gathers -------------------------------------------------------------
@@ -265,7 +265,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         check.check_numel(op, "output", output, inputs[self._rank].numel(), f"input_list[{self._rank}]")
         transport = self._route(op, output)
         red = _reduction_for(op, opts.reduceOp, output.dtype)
-        self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], op=opts.reduceOp.op)
+        self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
 
     def reduce_scatter_single(
@@ -279,7 +279,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         check.check_numel(op, "input", tensor, output.numel() * self._size, "world size x output elements")
         transport = self._route(op, tensor)
         red = _reduction_for(op, opts.reduceOp, tensor.dtype)
-        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), op=opts.reduceOp.op)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.reduce_scatter_from(output, tensor, red), [output], opts.asyncOp)
 
     _reduce_scatter_base = reduce_scatter_single

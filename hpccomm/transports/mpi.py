@@ -30,13 +30,23 @@ _INT_MAX = 2**31 - 1
 
 
 class MPIPending:
-    """Posted MPI requests plus the local steps to run once they complete."""
+    """Posted MPI requests plus the local steps to run once they complete.
 
-    __slots__ = ("_requests", "_after", "_status")
+    Args:
+        requests: the posted requests.
+        after: steps to run, in order, once all requests completed.
+        keep: staging tensors MPI reads or writes; held until completion.
+        status: filled by a receive from any source.
+    """
 
-    def __init__(self, requests: list[Any], after: list[Callable[[], None]], status: Any = None) -> None:
+    __slots__ = ("_requests", "_after", "_keep", "_status")
+
+    def __init__(
+        self, requests: list[Any], after: list[Callable[[], None]], keep: tuple[Any, ...] = (), status: Any = None
+    ) -> None:
         self._requests = requests
         self._after = after
+        self._keep = keep
         self._status = status
 
     def test(self) -> bool:
@@ -50,6 +60,7 @@ class MPIPending:
     def finish(self) -> None:
         for step in self._after:
             step()
+        self._keep = ()
 
     @property
     def source_rank(self) -> int:
@@ -180,8 +191,7 @@ class MPITransport(Transport):
             # Only the root's tensor changes: send from a copy when premultiplying.
             work = _premultiplied(tensor.contiguous(), reduction, in_place=False)
             requests = [self._comm.Ireduce(span, None, reduction.mpi_op, root) for span in _spans(work)]
-            after.append(lambda: work)  # keep the send buffer alive until completion
-        return MPIPending(requests, after)
+        return MPIPending(requests, after, keep=(work,))
 
     # -- gathers and scatters ---------------------------------------------
 
@@ -191,7 +201,7 @@ class MPITransport(Transport):
         send = tensor.contiguous()
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
         request = self._comm.Iallgatherv(_buffer(send), _vector(flat, counts))
-        return MPIPending([request], [_scatter_back(flat, outputs)])
+        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> MPIPending:
         _check_count("all_gather_into_tensor", output.numel())
@@ -199,30 +209,31 @@ class MPITransport(Transport):
         recv = _staged(output, after, copy_in=False)
         send = tensor.contiguous()
         request = self._comm.Iallgather(_buffer(send), _buffer(recv))
-        return MPIPending([request], after)
+        return MPIPending([request], after, keep=(send, recv))
 
     def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> MPIPending:
         send = tensor.contiguous()
         if outputs is None:
             request = self._comm.Igatherv(_buffer(send), None, root)
-            return MPIPending([request], [])
+            return MPIPending([request], [], keep=(send,))
         counts = [out.numel() for out in outputs]
         _check_count("gather", sum(counts))
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
         request = self._comm.Igatherv(_buffer(send), _vector(flat, counts), root)
-        return MPIPending([request], [_scatter_back(flat, outputs)])
+        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> MPIPending:
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
         if inputs is None:
-            send = None
+            flat, send = None, None
         else:
             counts = [t.numel() for t in inputs]
             _check_count("scatter", sum(counts))
-            send = _vector(_concat(inputs, output.dtype), counts)
+            flat = _concat(inputs, output.dtype)
+            send = _vector(flat, counts)
         request = self._comm.Iscatterv(send, _buffer(recv), root)
-        return MPIPending([request], [*after, lambda: send])
+        return MPIPending([request], after, keep=(flat, recv))
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending:
         counts = [t.numel() for t in inputs]
@@ -231,7 +242,7 @@ class MPITransport(Transport):
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
         request = self._comm.Ireduce_scatter(_buffer(send), _buffer(recv), counts, reduction.mpi_op)
-        return MPIPending([request], [*_averager(recv, reduction, self._size), *after, lambda: send])
+        return MPIPending([request], [*_averager(recv, reduction, self._size), *after], keep=(send, recv))
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> MPIPending:
         _check_count("reduce_scatter_tensor", tensor.numel())
@@ -239,7 +250,7 @@ class MPITransport(Transport):
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
         request = self._comm.Ireduce_scatter_block(_buffer(send), _buffer(recv), reduction.mpi_op)
-        return MPIPending([request], [*_averager(recv, reduction, self._size), *after, lambda: send])
+        return MPIPending([request], [*_averager(recv, reduction, self._size), *after], keep=(send, recv))
 
     # -- all-to-all ---------------------------------------------------------
 
@@ -251,7 +262,7 @@ class MPITransport(Transport):
         send = _concat(inputs, dtype)
         flat = torch.empty(sum(recv_counts), dtype=dtype)
         request = self._comm.Ialltoallv(_vector(send, send_counts), _vector(flat, recv_counts))
-        return MPIPending([request], [_scatter_back(flat, outputs), lambda: send])
+        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
@@ -261,7 +272,7 @@ class MPITransport(Transport):
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
         request = self._comm.Ialltoallv(_vector(send, input_counts), _vector(recv, output_counts))
-        return MPIPending([request], [*after, lambda: send])
+        return MPIPending([request], after, keep=(send, recv))
 
     # -- synchronisation and point-to-point ---------------------------------
 
@@ -271,7 +282,7 @@ class MPITransport(Transport):
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> MPIPending:
         send = tensor.contiguous()
         requests = [self._comm.Isend(span, peer, tag) for span in _spans(send)]
-        return MPIPending(requests, [lambda: send])
+        return MPIPending(requests, [], keep=(send,))
 
     def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> MPIPending:
         MPI = mpi()
@@ -285,6 +296,6 @@ class MPITransport(Transport):
                 )
             status = MPI.Status()
             request = self._comm.Irecv(_buffer(recv), MPI.ANY_SOURCE, tag)
-            return MPIPending([request], after, status)
+            return MPIPending([request], after, keep=(recv,), status=status)
         requests = [self._comm.Irecv(span, peer, tag) for span in _spans(recv)]
-        return MPIPending(requests, after)
+        return MPIPending(requests, after, keep=(recv,))

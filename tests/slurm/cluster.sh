@@ -17,19 +17,23 @@
 #
 # Layout (measured on Debian 12, slurm-wlm 22.05, see shared/FACTS.md "Slurm"):
 #   munged      one private daemon on a private socket (AuthInfo=socket=...).
-#   slurmctld   in the host's namespaces, SlurmctldHost=<real hostname>(127.0.0.1).
+#   netns       slurmctld starts in a NEW network namespace that has only loopback; both slurmds
+#               join it, and clients (sbatch, squeue, ...) must too: `nsenter --net=$NETNS`,
+#               with NETNS from STATE_DIR/env (`cluster.sh run` does it for you). So every
+#               byte of Slurm and MPI traffic stays on a private loopback, MPI launchers find
+#               no other interface to wander onto, and the ports cannot clash with the host's.
+#   slurmctld   SlurmctldHost=<real hostname>(127.0.0.1).
 #   slurmd n1   `slurmd -N n1` and `-N n2` on distinct ports, each in its own UTS + mount
 #   slurmd n2   namespace (unshare) with hostname n1/n2 and a bind-mounted /etc/hosts, so MPI
 #               sees two hosts (without that, shared-memory segment names of the two "nodes"
-#               clash and MPI_Comm_split_type(SHARED) sees one node). The network namespace is
-#               shared: all traffic goes over loopback.
+#               clash and MPI_Comm_split_type(SHARED) sees one node).
 #   TmpFS=<state>/tmp/%n  one per node, else the PMIx plugins of both slurmds clash.
 #   CPUs=4 per node (more than the real cores) through SlurmdParameters=config_overrides.
 #   Gres=gpu:2 per node, backed by fake char devices (mknod c 1 3, i.e. /dev/null's numbers)
 #               listed in gres.conf: enough for --gpus* to set CUDA_VISIBLE_DEVICES.
 #   EnforcePartLimits=ALL so a job asking for more than the cluster has fails at submit
 #               instead of pending forever.
-# Requires root (unshare, mount, mknod) and tests/slurm/install_deps.sh.
+# Requires root (unshare, nsenter, mount, mknod) and tests/slurm/install_deps.sh.
 set -euo pipefail
 
 NODES=(n1 n2)
@@ -56,6 +60,8 @@ OWN_STATE=0    # 1 when we created STATE ourselves (then we remove it)
 TORN_DOWN=0
 
 alive() { [ -n "$1" ] && kill -0 "$1" 2>/dev/null; }
+
+NETNS=""       # /proc/<slurmctld pid>/ns/net once slurmctld runs
 
 # Wait up to $2 seconds for PID $1 to disappear. It may not be our child (unshare exec'd),
 # so poll instead of `wait`.
@@ -112,10 +118,13 @@ teardown() {
   # 1. Cancel every job of this cluster while slurmctld is still there, so job steps end
   #    through Slurm (bounded wait: the sweep below catches what does not end in time).
   if [ -n "$STATE" ] && [ -f "$STATE/etc/slurm.conf" ] && alive "$(pid_of slurmctld)"; then
-    SLURM_CONF="$STATE/etc/slurm.conf" timeout 10 scancel --quiet --user="$(id -un)" 2>/dev/null
+    NETNS=/proc/$(pid_of slurmctld)/ns/net
+    SLURM_CONF="$STATE/etc/slurm.conf" timeout 10 nsenter --net="$NETNS" -- \
+      scancel --quiet --user="$(id -un)" 2>/dev/null
     local deadline=$(( SECONDS + 15 ))
     while [ $SECONDS -lt $deadline ]; do
-      [ -z "$(SLURM_CONF="$STATE/etc/slurm.conf" timeout 5 squeue -h -o %i 2>/dev/null)" ] && break
+      [ -z "$(SLURM_CONF="$STATE/etc/slurm.conf" timeout 5 nsenter --net="$NETNS" -- \
+              squeue -h -o %i 2>/dev/null)" ] && break
       sleep 0.5
     done
   fi
@@ -277,16 +286,35 @@ start_munge() {
 }
 
 start_slurmctld() {
-  slurmctld -D -i -f "$STATE/etc/slurm.conf" >>"$STATE/log/slurmctld.out" 2>&1 &
-  record_pid slurmctld $!
+  # A new network namespace with loopback up; slurmctld's PID names it for everyone else.
+  # The extra /32 on lo (a documentation address, TEST-NET-2, reachable from nowhere) is there
+  # because Slurm resolves with AI_ADDRCONFIG, which finds nothing ("Unable to resolve
+  # 127.0.0.1") while the namespace has no non-loopback address at all.
+  unshare --net -- /bin/sh -c '
+      ip link set lo up && ip addr add 198.51.100.1/32 dev lo &&
+      exec slurmctld -D -i -f "$1"' \
+    sh "$STATE/etc/slurm.conf" >>"$STATE/log/slurmctld.out" 2>&1 &
+  local pid=$!
+  record_pid slurmctld "$pid"
+  local own; own=$(readlink /proc/$$/ns/net)
+  local deadline=$(( SECONDS + 10 )) ns=""
+  while :; do
+    ns=$(readlink "/proc/$pid/ns/net" 2>/dev/null || true)
+    [ -n "$ns" ] && [ "$ns" != "$own" ] && break
+    alive "$pid" || { cat "$STATE/log/slurmctld.out" >&2 || true; die "slurmctld exited at start"; }
+    [ $SECONDS -ge $deadline ] && die "slurmctld did not enter its network namespace"
+    sleep 0.05
+  done
+  NETNS=/proc/$pid/ns/net
+  echo "NETNS=$NETNS" >> "$STATE/env"
 }
 
 start_slurmd() {  # node
   local n=$1
   # New UTS + mount namespace: own hostname and own /etc/hosts (bind mount, private
-  # propagation so the host's /etc/hosts is untouched). unshare and sh exec into slurmd, so
-  # $! is slurmd's PID.
-  unshare --uts --mount --propagation private -- /bin/sh -c '
+  # propagation so the host's /etc/hosts is untouched), inside the cluster's network
+  # namespace. nsenter, unshare and sh all exec, so $! is slurmd's PID.
+  nsenter --net="$NETNS" -- unshare --uts --mount --propagation private -- /bin/sh -c '
       hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -D -N "$1" -f "$3"' \
     sh "$n" "$STATE/etc/hosts" "$STATE/etc/slurm.conf" >>"$STATE/log/slurmd-$n.out" 2>&1 &
   local pid=$!
@@ -314,7 +342,7 @@ wait_ready() {
       alive "${d#*:}" || { tail -n 30 "$STATE"/log/* >&2 || true; die "${d%%:*} exited during bring-up"; }
     done
     # Every node idle (a node that registered wrong would be drain/down/inval).
-    states=$(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
+    states=$(timeout 5 nsenter --net="$NETNS" -- sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
     if [ -n "$states" ] && ! grep -qv ' idle$' <<<"$states" \
        && [ "$(wc -l <<<"$states")" -eq ${#NODES[@]} ]; then
       break
@@ -331,7 +359,7 @@ wait_ready() {
 up() {
   [ "$(id -u)" -eq 0 ] || die "must run as root (unshare, mount, mknod)"
   local t
-  for t in munged slurmctld slurmd sinfo sbatch unshare; do
+  for t in munged slurmctld slurmd sinfo sbatch unshare nsenter ip; do
     command -v "$t" >/dev/null || die "$t not found: run tests/slurm/install_deps.sh"
   done
   [ -e /usr/lib/x86_64-linux-gnu/libpmix.so ] || ls /usr/lib/*/libpmix.so >/dev/null 2>&1 \
@@ -413,7 +441,7 @@ case "$cmd" in
     init_state "$dir"
     up
     set +e
-    ( set -a; . "$STATE/env"; exec "$@" )
+    ( set -a; . "$STATE/env"; exec nsenter --net="$NETNS" -- "$@" )
     rc=$?
     exit $rc
     ;;

@@ -12,8 +12,8 @@ PKGS=(
   slurm-wlm      # meta package: slurmctld + slurmd + slurm-client (sbatch, srun, scontrol, ...)
   munge          # munged + mungekey: slurm's default auth/munge
   libpmix-dev    # provides the unversioned libpmix.so that slurm's mpi/pmix plugin loads
-  util-linux     # unshare (one UTS + mount namespace per fake node)
-  procps         # ps/pgrep-free checks in the cluster script use /proc, but keep ps for debugging
+  util-linux     # unshare + nsenter (the cluster's network, UTS and mount namespaces)
+  iproute2       # `ip link set lo up` inside the cluster's new network namespace
 )
 
 missing=()
@@ -37,6 +37,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # --no-install-recommends keeps out mailers and docs; slurm-wlm's hard deps are enough.
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
-# The packages' postinst may try to start services; without systemd nothing runs, but make
-# sure no daemon we did not start is left holding the default ports/sockets.
 echo "install_deps: done"

@@ -1,0 +1,72 @@
+"""Launch rank scripts under a real MPI launcher, with a hard time limit.
+
+Every multi-rank test goes through :func:`run_ranks`, which starts
+``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session. A run
+that outlives its limit has its whole process group killed (only the
+processes this helper started) and fails the test, so a hang can never run
+into CI's time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+RANKS_DIR = Path(__file__).parent / "ranks"
+DEFAULT_LIMIT_S = 120
+
+
+@dataclass
+class RankRun:
+    """What a launch produced."""
+
+    returncode: int
+    output: str
+    timed_out: bool
+
+    def lines(self, prefix: str) -> list[str]:
+        """Output lines starting with ``prefix``."""
+        return [line for line in self.output.splitlines() if line.startswith(prefix)]
+
+
+def run_ranks(
+    nprocs: int,
+    script: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    limit_s: float = DEFAULT_LIMIT_S,
+) -> RankRun:
+    """Run ``tests/ranks/<script>`` on ``nprocs`` ranks and return its result.
+
+    Args:
+        nprocs: number of ranks.
+        script: file name under tests/ranks.
+        args: arguments for the script.
+        env: extra environment variables for the ranks.
+        limit_s: wall-clock limit; past it the run is killed and timed_out set.
+    """
+    launcher = os.path.join(os.path.dirname(sys.executable), "hpccomm-run")
+    command = [launcher, "-n", str(nprocs), sys.executable, str(RANKS_DIR / script), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=limit_s)
+        return RankRun(proc.returncode, output, False)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return RankRun(proc.returncode, output, True)
+
+
+def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
+    """Fail unless the run exited 0 in time and every rank printed ``<tag> rank=<r>``."""
+    assert not run.timed_out, f"ranks timed out:\n{run.output[-6000:]}"
+    assert run.returncode == 0, f"ranks failed (exit {run.returncode}):\n{run.output[-6000:]}"
+    seen = {line.split("rank=")[1].split()[0] for line in run.lines(tag) if "rank=" in line}
+    assert seen == {str(r) for r in range(nprocs)}, f"missing '{tag}' from some ranks:\n{run.output[-6000:]}"

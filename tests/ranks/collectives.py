@@ -1,0 +1,352 @@
+"""Every collective x dtype x reduce op, checked against values computed locally.
+
+Each rank can compute every other rank's input (they are a function of the
+rank), so each result is compared with a locally computed expectation.
+Run under any number of ranks; usage: collectives.py [name-filter].
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import hpccomm  # noqa: F401  (registers the backend)
+import torch
+import torch.distributed as dist
+from rankcheck import check, expect_error, run_all
+
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+Op = dist.ReduceOp
+
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
+COMPLEX = [torch.complex64, torch.complex128]
+ALL = [*FLOATS, *INTS, torch.bool, *COMPLEX]
+NUMEL = 7  # odd, so no size divides it by accident
+
+
+def value(rank: int, dtype: torch.dtype, numel: int = NUMEL, small: bool = False) -> torch.Tensor:
+    """Rank ``rank``'s input: distinct per rank and exact in every dtype."""
+    idx = torch.arange(numel)
+    if dtype == torch.bool:
+        return (idx + rank) % 2 == 0
+    base = (idx + rank) % 2 + 1 if small else (idx % 3) + rank + 1
+    if dtype.is_complex:
+        return torch.complex(base.double(), (base % 2).double()).to(dtype)
+    return base.to(dtype)
+
+
+def combine(op: object, dtype: torch.dtype, tensors: list[torch.Tensor], factor: float = 2.0) -> torch.Tensor:
+    """What reducing ``tensors`` with ``op`` must give."""
+    if dtype == torch.bool:
+        any_, all_ = functools.reduce(torch.logical_or, tensors), functools.reduce(torch.logical_and, tensors)
+        parity = functools.reduce(torch.logical_xor, tensors)
+        return {Op.SUM: any_, Op.MAX: any_, Op.BOR: any_, Op.PRODUCT: all_, Op.MIN: all_, Op.BAND: all_, Op.BXOR: parity}[op]
+    fold = {
+        Op.SUM: torch.add, Op.AVG: torch.add, Op.PRODUCT: torch.mul, Op.MIN: torch.minimum,
+        Op.MAX: torch.maximum, Op.BAND: torch.bitwise_and, Op.BOR: torch.bitwise_or, Op.BXOR: torch.bitwise_xor,
+        "premul": torch.add,
+    }[op]
+    if op == "premul":
+        tensors = [t * factor for t in tensors]
+    out = functools.reduce(fold, tensors)
+    if op == Op.AVG:
+        out = out / SIZE if (dtype.is_floating_point or dtype.is_complex) else torch.div(out, SIZE, rounding_mode="trunc")
+    return out.to(dtype)
+
+
+def valid_ops(dtype: torch.dtype) -> list[object]:
+    if dtype == torch.bool:
+        return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.BAND, Op.BOR, Op.BXOR]
+    if dtype.is_complex:
+        # torch itself refuses PRODUCT/MIN/MAX/bitwise on complex before the backend sees it
+        return [Op.SUM, Op.AVG, "premul"]
+    if dtype.is_floating_point:
+        return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, "premul"]
+    return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, Op.BAND, Op.BOR, Op.BXOR]
+
+
+def invalid_ops(dtype: torch.dtype) -> list[object]:
+    everything = [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, Op.BAND, Op.BOR, Op.BXOR, "premul"]
+    return [op for op in everything if op not in valid_ops(dtype)]
+
+
+def torch_op(op: object) -> object:
+    return dist._make_nccl_premul_sum(2.0) if op == "premul" else op
+
+
+def inputs(dtype: torch.dtype, op: object, numel: int = NUMEL) -> list[torch.Tensor]:
+    small = op == Op.PRODUCT
+    return [value(r, dtype, numel, small) for r in range(SIZE)]
+
+
+def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert torch.equal(actual, expected), f"{what}: got {actual.tolist()} expected {expected.tolist()}"
+
+
+# -- reductions -----------------------------------------------------------------
+
+
+@check
+def all_reduce_every_dtype_and_op() -> None:
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            for async_op in (False, True):
+                ins = inputs(dtype, op)
+                t = ins[RANK].clone()
+                work = dist.all_reduce(t, op=torch_op(op), async_op=async_op)
+                if async_op:
+                    (fut_value,) = work.get_future().wait()
+                    # torch hands complex tensors over as view_as_real
+                    output = torch.view_as_real(t) if dtype.is_complex else t
+                    assert torch.equal(fut_value, output), f"future value is not the output ({dtype} {op})"
+                    work.wait()
+                same(t, combine(op, dtype, ins), f"all_reduce {dtype} {op} async={async_op}")
+
+
+@check
+def reductions_reject_ops_that_make_no_sense() -> None:
+    for dtype in ALL:
+        for op in invalid_ops(dtype):
+            t = value(RANK, dtype)
+            expect_error(ValueError, "all_reduce", lambda: dist.all_reduce(t, op=torch_op(op)))
+    dist.barrier()  # nothing was posted: the group is still in step
+
+
+@check
+def reduce_every_dtype_and_op_to_every_root() -> None:
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            for root in range(SIZE):
+                ins = inputs(dtype, op)
+                t = ins[RANK].clone()
+                dist.reduce(t, dst=root, op=torch_op(op))
+                expected = combine(op, dtype, ins) if RANK == root else ins[RANK]
+                same(t, expected, f"reduce {dtype} {op} root={root}")
+
+
+@check
+def reduce_scatter_list_every_dtype_and_op() -> None:
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            # rank r contributes chunk j = value(r + j) to rank j; chunk sizes differ per j
+            per_rank = [[value(r + j, dtype, j + 2, op == Op.PRODUCT) for j in range(SIZE)] for r in range(SIZE)]
+            out = torch.empty(RANK + 2, dtype=dtype)
+            dist.reduce_scatter(out, [t.clone() for t in per_rank[RANK]], op=torch_op(op))
+            same(out, combine(op, dtype, [per_rank[r][RANK] for r in range(SIZE)]), f"reduce_scatter {dtype} {op}")
+
+
+@check
+def reduce_scatter_tensor_every_dtype_and_op() -> None:
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            ins = inputs(dtype, op, NUMEL * SIZE)
+            out = torch.empty(NUMEL, dtype=dtype)
+            dist.reduce_scatter_tensor(out, ins[RANK].clone(), op=torch_op(op))
+            mine = [t[RANK * NUMEL : (RANK + 1) * NUMEL] for t in ins]
+            same(out, combine(op, dtype, mine), f"reduce_scatter_tensor {dtype} {op}")
+
+
+@check
+def all_reduce_coalesced_and_coalescing_manager() -> None:
+    ts = [value(RANK, torch.float32, n) for n in (1, 5, 9)]
+    dist.all_reduce_coalesced(ts)
+    for n, t in zip((1, 5, 9), ts):
+        same(t, combine(Op.SUM, torch.float32, [value(r, torch.float32, n) for r in range(SIZE)]), "coalesced")
+    from torch.distributed.distributed_c10d import _coalescing_manager
+
+    ts = [value(RANK, torch.int32, n) for n in (2, 3)]
+    with _coalescing_manager(async_ops=True) as cm:
+        for t in ts:
+            dist.all_reduce(t)
+    cm.wait()
+    for n, t in zip((2, 3), ts):
+        same(t, combine(Op.SUM, torch.int32, [value(r, torch.int32, n) for r in range(SIZE)]), "coalescing manager")
+
+
+# -- data movement ------------------------------------------------------------------
+
+
+@check
+def broadcast_every_dtype_from_every_root() -> None:
+    for dtype in ALL:
+        for root in range(SIZE):
+            t = value(RANK, dtype).clone()
+            dist.broadcast(t, src=root)
+            same(t, value(root, dtype), f"broadcast {dtype} root={root}")
+
+
+@check
+def all_gather_every_dtype_even_and_uneven() -> None:
+    for dtype in ALL:
+        outs = [torch.empty(NUMEL, dtype=dtype) for _ in range(SIZE)]
+        dist.all_gather(outs, value(RANK, dtype))
+        for r in range(SIZE):
+            same(outs[r], value(r, dtype), f"all_gather {dtype} from {r}")
+        outs = [torch.empty(r + 1, dtype=dtype) for r in range(SIZE)]
+        dist.all_gather(outs, value(RANK, dtype, RANK + 1))
+        for r in range(SIZE):
+            same(outs[r], value(r, dtype, r + 1), f"uneven all_gather {dtype} from {r}")
+
+
+@check
+def all_gather_into_tensor_every_dtype() -> None:
+    for dtype in ALL:
+        out = torch.empty(SIZE * NUMEL, dtype=dtype)
+        dist.all_gather_into_tensor(out, value(RANK, dtype))
+        same(out, torch.cat([value(r, dtype) for r in range(SIZE)]), f"all_gather_into_tensor {dtype}")
+        out2 = torch.empty(SIZE, NUMEL, dtype=dtype)
+        dist.all_gather_into_tensor(out2, value(RANK, dtype))
+        same(out2, torch.stack([value(r, dtype) for r in range(SIZE)]), f"all_gather_into_tensor stacked {dtype}")
+
+
+@check
+def gather_and_scatter_every_dtype_and_root() -> None:
+    for dtype in ALL:
+        for root in range(SIZE):
+            outs = [torch.empty(NUMEL, dtype=dtype) for _ in range(SIZE)] if RANK == root else None
+            dist.gather(value(RANK, dtype), outs, dst=root)
+            if RANK == root:
+                for r in range(SIZE):
+                    same(outs[r], value(r, dtype), f"gather {dtype} root={root} from {r}")
+            out = torch.empty(NUMEL, dtype=dtype)
+            chunks = [value(r + 10, dtype) for r in range(SIZE)] if RANK == root else None
+            dist.scatter(out, chunks, src=root)
+            same(out, value(RANK + 10, dtype), f"scatter {dtype} root={root}")
+
+
+@check
+def all_to_all_list_uneven_every_dtype() -> None:
+    for dtype in ALL:
+        # rank r sends (r + j + 1) elements to rank j
+        ins = [value(100 * RANK + j, dtype, RANK + j + 1) for j in range(SIZE)]
+        outs = [torch.empty(r + RANK + 1, dtype=dtype) for r in range(SIZE)]
+        dist.all_to_all(outs, ins)
+        for r in range(SIZE):
+            same(outs[r], value(100 * r + RANK, dtype, r + RANK + 1), f"all_to_all {dtype} from {r}")
+
+
+@check
+def all_to_all_single_even_and_uneven_every_dtype() -> None:
+    for dtype in ALL:
+        ins = torch.cat([value(100 * RANK + j, dtype, 3) for j in range(SIZE)]).view(SIZE, 3)
+        out = torch.empty(SIZE, 3, dtype=dtype)
+        dist.all_to_all_single(out, ins)
+        same(out, torch.stack([value(100 * r + RANK, dtype, 3) for r in range(SIZE)]), f"a2a single even {dtype}")
+        # uneven: rank r sends (j + 1) rows of width 2 to rank j
+        send_rows = [j + 1 for j in range(SIZE)]
+        recv_rows = [RANK + 1] * SIZE
+        ins = torch.cat([value(100 * RANK + j, dtype, 2 * (j + 1)) for j in range(SIZE)]).view(-1, 2)
+        out = torch.empty(sum(recv_rows), 2, dtype=dtype)
+        dist.all_to_all_single(out, ins, output_split_sizes=recv_rows, input_split_sizes=send_rows)
+        expected = torch.cat([value(100 * r + RANK, dtype, 2 * (RANK + 1)) for r in range(SIZE)]).view(-1, 2)
+        same(out, expected, f"a2a single uneven {dtype}")
+
+
+@check
+def send_recv_tags_any_source_and_batch() -> None:
+    for dtype in ALL:
+        if SIZE == 1:
+            return
+        nxt, prv = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+        out = torch.empty(NUMEL, dtype=dtype)
+        reqs = dist.batch_isend_irecv(
+            [dist.P2POp(dist.isend, value(RANK, dtype), nxt, tag=3), dist.P2POp(dist.irecv, out, prv, tag=3)]
+        )
+        for req in reqs:
+            req.wait()
+        same(out, value(prv, dtype), f"batch_isend_irecv {dtype}")
+    # tags keep messages apart even when received in the other order
+    if RANK == 0:
+        dist.send(torch.full((2,), 1.0), dst=1, tag=11)
+        dist.send(torch.full((2,), 2.0), dst=1, tag=22)
+    elif RANK == 1:
+        b, a = torch.empty(2), torch.empty(2)
+        dist.recv(b, src=0, tag=22)
+        dist.recv(a, src=0, tag=11)
+        same(a, torch.full((2,), 1.0), "tag 11")
+        same(b, torch.full((2,), 2.0), "tag 22")
+    # any source: rank 0 hears from everyone else, learns who sent
+    if RANK == 0:
+        senders = set()
+        for _ in range(SIZE - 1):
+            t = torch.empty(1, dtype=torch.int64)
+            src = dist.recv(t)
+            assert int(t) == src, f"recv any source: sender {src} sent {int(t)}"
+            senders.add(src)
+        assert senders == set(range(1, SIZE))
+    else:
+        dist.send(torch.tensor([RANK]), dst=0)
+    dist.barrier()
+
+
+# -- shapes: non-contiguous, empty ------------------------------------------------------
+
+
+@check
+def non_contiguous_tensors() -> None:
+    base = torch.arange(12, dtype=torch.float32).view(3, 4) + RANK
+    t = base.t()  # 4x3 view, not contiguous
+    assert not t.is_contiguous()
+    dist.all_reduce(t)
+    expected = sum(torch.arange(12, dtype=torch.float32).view(3, 4) + r for r in range(SIZE)).t()
+    same(t, expected, "all_reduce non-contiguous")
+    assert base.data_ptr() == t.data_ptr(), "result must land in the caller's storage"
+    b = (torch.arange(12, dtype=torch.int64).view(3, 4) + RANK).t()
+    dist.broadcast(b, src=SIZE - 1)
+    same(b, (torch.arange(12, dtype=torch.int64).view(3, 4) + SIZE - 1).t(), "broadcast non-contiguous")
+    outs = [torch.empty(4, 3).t() for _ in range(SIZE)]
+    dist.all_gather(outs, (torch.arange(12.0).view(4, 3) + RANK).t())
+    for r in range(SIZE):
+        same(outs[r], (torch.arange(12.0).view(4, 3) + r).t(), "all_gather non-contiguous")
+    out = torch.empty(SIZE * 2, 3).t()  # 3 x 2*SIZE, non-contiguous output
+    src = torch.arange(6.0).view(2, 3) + RANK
+    dist.all_gather_into_tensor(out.t(), src)  # contiguous again; and the stacked view checks layout
+    same(out.t(), torch.cat([torch.arange(6.0).view(2, 3) + r for r in range(SIZE)]), "all_gather_into_tensor")
+
+
+@check
+def zero_element_tensors() -> None:
+    t = torch.empty(0)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    outs = [torch.empty(0) for _ in range(SIZE)]
+    dist.all_gather(outs, t)
+    dist.all_gather_into_tensor(torch.empty(0), t)
+    dist.reduce_scatter_tensor(torch.empty(0), torch.empty(0))
+    out = torch.empty(0, 2)
+    dist.all_to_all_single(out, torch.empty(0, 2), [0] * SIZE, [0] * SIZE)
+    assert t.numel() == 0 and out.numel() == 0
+
+
+@check
+def object_collectives() -> None:
+    objs = [None] * SIZE
+    dist.all_gather_object(objs, {"rank": RANK, "name": f"r{RANK}"})
+    assert objs == [{"rank": r, "name": f"r{r}"} for r in range(SIZE)]
+    box = [{"from": "root"} if RANK == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    assert box == [{"from": "root"}]
+    gathered = [None] * SIZE if RANK == 0 else None
+    dist.gather_object(("g", RANK), gathered, dst=0)
+    if RANK == 0:
+        assert gathered == [("g", r) for r in range(SIZE)]
+    got = [None]
+    dist.scatter_object_output_list = None
+    dist.scatter_object_list(got, [("s", r) for r in range(SIZE)] if RANK == 0 else None, src=0)
+    assert got == [("s", RANK)]
+
+
+@check
+def barrier_and_monotone_sequence() -> None:
+    for _ in range(3):
+        dist.barrier()
+    w = dist.barrier(async_op=True)
+    w.wait()
+    assert w.is_completed()
+
+
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
+dist.destroy_process_group()

@@ -1,0 +1,53 @@
+"""A tiny check runner for rank scripts: run named checks, report, exit non-zero on failure.
+
+Each rank runs every check, prints ``FAIL rank=<r> <name>: <error>`` for
+each failure and finally ``OK rank=<r> checks=<n>`` or exits 1, which the
+pytest side (tests/launch.py) reads.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Callable
+
+_checks: list[tuple[str, Callable[[], None]]] = []
+
+
+def check(fn: Callable[[], None]) -> Callable[[], None]:
+    """Register ``fn`` as a check."""
+    _checks.append((fn.__name__, fn))
+    return fn
+
+
+def run_all(rank: int, only: str | None = None) -> None:
+    """Run the registered checks (those whose name contains ``only``) and exit."""
+    failures = 0
+    ran = 0
+    for name, fn in _checks:
+        if only and only not in name:
+            continue
+        ran += 1
+        try:
+            fn()
+        except Exception as exc:  # reported, then the run fails
+            failures += 1
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            print(f"FAIL rank={rank} {name}: {detail}", flush=True)
+            if os.environ.get("RANKCHECK_TRACE"):
+                traceback.print_exc()
+    if failures:
+        print(f"FAILED rank={rank} failures={failures} of {ran}", flush=True)
+        sys.exit(1)
+    print(f"OK rank={rank} checks={ran}", flush=True)
+
+
+def expect_error(kind: type[BaseException], fragment: str, fn: Callable[[], object]) -> BaseException:
+    """Call ``fn``; it must raise ``kind`` with ``fragment`` in the message."""
+    try:
+        fn()
+    except kind as exc:
+        assert fragment in str(exc), f"{kind.__name__} without {fragment!r}: {exc}"
+        return exc
+    raise AssertionError(f"expected {kind.__name__} containing {fragment!r}, nothing raised")

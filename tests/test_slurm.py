@@ -1,0 +1,410 @@
+"""The slurm/ templates, run for real on a two-node Slurm cluster started on this machine.
+
+tests/slurm/cluster.sh brings up munge, slurmctld and two slurmd ("n1", "n2", each in its own
+UTS + mount namespace, so MPI sees two hosts) in a temporary directory and always tears them
+down. Every template is submitted with sbatch, with this interpreter's environment
+(``sys.prefix``) as the job's Python environment, running slurm/check_job.py, which asserts
+world size, node count, an allreduce and DDP itself and prints ``CHECK ... OK`` lines; the tests
+here check the job state and exit code, those lines, and the per-rank ``RANKINFO`` lines.
+
+Whichever MPI wheel is in this environment (Open MPI or MPICH) is the one tested: CI runs the
+suite once per wheel. Missing Slurm skips the module outside CI and fails it in CI (CI=true);
+tests/slurm/install_deps.sh installs it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "slurm"
+WORKLOAD = TEMPLATES / "check_job.py"
+CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+# Bounds. Every job of the module is submitted at once and runs concurrently, so the module
+# takes about as long as the slowest job (~15-40 s on 2 cores), not the sum.
+UP_TIMEOUT_S = 90
+DOWN_TIMEOUT_S = 90
+JOB_TIMEOUT_S = 300          # from submission to a final state, per job
+SUBMIT_TIMEOUT_S = 60
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                   "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+
+# The cluster: 2 nodes, 8 CPUs and 2 fake GPUs each (CPUs above the real core count are fine:
+# the jobs are tiny, and 8 lets all jobs of the module run at the same time).
+NODES = 2
+CPUS_PER_NODE = 8
+GPUS_PER_NODE = 2
+
+# template -> (extra sbatch options, check_job.py arguments, expected nodes, ranks per node)
+GOOD_JOBS = {
+    "single_node": ([], ["--world-size", "2", "--nodes", "1"], 1, 2),
+    "multi_node_gpu": ([], ["--world-size", "4", "--nodes", "2", "--gpu-binding", "per-rank"],
+                       2, 2),
+    "multi_node_cpu": ([], ["--world-size", "4", "--nodes", "2", "--gpu-binding", "none"], 2, 2),
+    "mpirun": ([], ["--world-size", "4", "--nodes", "2"], 2, 2),
+    "hpccomm_run": ([], ["--world-size", "4", "--nodes", "2"], 2, 2),
+}
+ALL_TEMPLATES = sorted(p.stem for p in TEMPLATES.glob("*.sbatch"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Prerequisites
+# ----------------------------------------------------------------------------------------------
+def _missing_prerequisites() -> list[str]:
+    missing = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "unshare",
+                           "nsenter", "ip")
+               if shutil.which(t, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin") is None]
+    if os.geteuid() != 0:
+        missing.append("root (the cluster needs unshare, mount and mknod)")
+    return missing
+
+
+def _require_cluster_prerequisites() -> None:
+    missing = _missing_prerequisites()
+    if not missing:
+        return
+    msg = ("Slurm test cluster cannot start, missing: " + ", ".join(missing)
+           + " (run tests/slurm/install_deps.sh as root)")
+    if IN_CI:
+        pytest.fail(msg + " -- CI=true, so this is a failure, not a skip", pytrace=False)
+    pytest.skip(msg)
+
+
+def _mpi_flavour() -> str:
+    """'openmpi' or 'mpich': the MPI library mpi4py loads in this environment (asked in a
+    subprocess that does not initialise MPI)."""
+    code = ("import mpi4py; mpi4py.rc.initialize = False\n"
+            "from mpi4py import MPI; print(MPI.Get_library_version())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    if "Open MPI" in out:
+        return "openmpi"
+    if "MPICH" in out:
+        return "mpich"
+    pytest.fail(f"unknown MPI library in {sys.prefix}: {out[:200]!r}")
+    raise AssertionError  # unreachable
+
+
+# ----------------------------------------------------------------------------------------------
+# The cluster
+# ----------------------------------------------------------------------------------------------
+class Cluster:
+    def __init__(self, state: Path, env: dict[str, str], jobs_dir: Path):
+        self.state = state
+        self.env = env          # environment for sbatch/scontrol (and so for the jobs)
+        self.jobs_dir = jobs_dir
+
+    def run(self, args, timeout=SUBMIT_TIMEOUT_S, env=None, **kw):
+        """A Slurm client command, inside the cluster's private network namespace."""
+        return subprocess.run(["nsenter", f"--net={self.env['NETNS']}", "--", *args],
+                              env=env or self.env, cwd=self.jobs_dir, capture_output=True,
+                              text=True, timeout=timeout, **kw)
+
+    def submit(self, template: str, *args: str, sbatch_opts=(), env=None) -> str:
+        """sbatch a template; returns the job id. Asserts the submission succeeded."""
+        cmd = ["sbatch", "--parsable", f"--output={self.jobs_dir}/%x-%j.out",
+               # Slurm's own bound on a job that hangs (the test waits less than this anyway).
+               "--time=5", *sbatch_opts, str(TEMPLATES / f"{template}.sbatch"), *args]
+        res = self.run(cmd, env=env)
+        assert res.returncode == 0, f"sbatch {template} failed: {res.stderr}"
+        return res.stdout.strip().split(";")[0]
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        res = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30)
+        assert res.returncode == 0, f"scontrol show job {job_id}: {res.stderr}"
+        return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
+
+    def wait(self, job_id: str, submitted_at: float) -> dict[str, str]:
+        """Poll until the job reaches a final state; on timeout cancel it and fail."""
+        while True:
+            info = self.job_info(job_id)
+            if info.get("JobState") in TERMINAL_STATES:
+                return info
+            if time.monotonic() - submitted_at > JOB_TIMEOUT_S:
+                self.run(["scancel", job_id], timeout=30)
+                pytest.fail(f"job {job_id} still {info.get('JobState')} after {JOB_TIMEOUT_S}s "
+                            f"(reason {info.get('Reason')}); output so far:\n"
+                            + _read(info.get("StdOut")), pytrace=False)
+            time.sleep(0.5)
+
+
+def _read(path) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except (OSError, TypeError):
+        return f"<no output file {path}>"
+
+
+def _job_env(cluster_env: dict[str, str]) -> dict[str, str]:
+    """What sbatch gets, and so (sbatch exports the caller's environment) what the jobs get."""
+    env = {k: v for k, v in os.environ.items()
+           # An outer Slurm job's variables would leak into ours and confuse srun/mpirun.
+           if not k.startswith(("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "PMIX_", "PMI_"))}
+    env.update(cluster_env)
+    env.update({
+        "HPCCOMM_VENV": sys.prefix,
+        "PATH": f"{sys.prefix}/bin:{env.get('PATH', '')}:/usr/sbin:/sbin",
+        # The jobs run as root here. (The cluster's network namespace has only loopback, so
+        # MPI needs no interface settings.)
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        # Skip Open MPI's slow UCX/OFI probing (about 1 s per rank on this machine).
+        "OMPI_MCA_btl": "self,sm,tcp",
+        "OMPI_MCA_pml": "ob1",
+    })
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Start the two-node cluster for this module; always tear it down."""
+    _require_cluster_prerequisites()
+    base = tmp_path_factory.mktemp("slurm")
+    state, jobs = base / "state", base / "jobs"
+    state.mkdir()
+    jobs.mkdir()
+    log_path = base / "cluster.log"
+    env = dict(os.environ, CPUS_PER_NODE=str(CPUS_PER_NODE), GPUS_PER_NODE=str(GPUS_PER_NODE),
+               KEEP_STATE="1")
+    with open(log_path, "w") as log:
+        # stdin is a pipe: cluster.sh serve tears down when it closes, so even a pytest that is
+        # SIGKILLed leaves nothing running. Own session: a Ctrl-C aimed at pytest does not hit
+        # the daemons before our teardown runs.
+        proc = subprocess.Popen(["bash", str(CLUSTER_SH), "serve", str(state)],
+                                stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + UP_TIMEOUT_S
+        while not (state / "ready").exists():
+            if proc.poll() is not None:
+                pytest.fail(f"cluster.sh exited ({proc.returncode}) during bring-up:\n"
+                            + log_path.read_text(), pytrace=False)
+            if time.monotonic() > deadline:
+                pytest.fail(f"cluster not up after {UP_TIMEOUT_S}s:\n" + log_path.read_text(),
+                            pytrace=False)
+            time.sleep(0.1)
+        cluster_env = dict(line.split("=", 1) for line in
+                           (state / "env").read_text().splitlines() if "=" in line)
+        yield Cluster(state, _job_env(cluster_env), jobs)
+    finally:
+        _teardown(proc, state, log_path)
+
+
+def _teardown(proc: subprocess.Popen, state: Path, log_path: Path) -> None:
+    proc.stdin.close()  # EOF: cluster.sh cancels jobs, stops the daemons by PID
+    try:
+        proc.wait(timeout=DOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # The script died before finishing: stop what it recorded.
+        subprocess.run(["bash", str(CLUSTER_SH), "down", str(state)], timeout=DOWN_TIMEOUT_S)
+    # Nothing we started may survive.
+    survivors = []
+    pids = state / "pids"
+    for line in (pids.read_text().splitlines() if pids.exists() else []):
+        name, pid = line.split()
+        if Path(f"/proc/{pid}").exists() and _comm(pid) in ("munged", "slurmctld", "slurmd"):
+            survivors.append(f"{name}={pid}")
+    assert not survivors, (f"daemons left running after teardown: {survivors}\n"
+                           + log_path.read_text())
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+# ----------------------------------------------------------------------------------------------
+# All jobs are submitted together, then each test waits for its own.
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def flavour():
+    return _mpi_flavour()
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory):
+    """A Python environment without hpccomm (nor anything else)."""
+    path = tmp_path_factory.mktemp("no-hpccomm") / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster, bare_venv):
+    """Submit every job of the module at once: {name: (job id, submit time)}."""
+    submitted = {}
+    for template, (opts, args, _, _) in GOOD_JOBS.items():
+        submitted[template] = (cluster.submit(template, str(WORKLOAD), *args, sbatch_opts=opts),
+                               time.monotonic())
+    # Bad input: must end at once, FAILED, with a clear message.
+    submitted["missing_script"] = (
+        cluster.submit("multi_node_cpu", str(cluster.jobs_dir / "no_such_script.py")),
+        time.monotonic())
+    submitted["no_hpccomm"] = (
+        cluster.submit("multi_node_cpu", str(WORKLOAD),
+                       env=dict(cluster.env, HPCCOMM_VENV=str(bare_venv))),
+        time.monotonic())
+    # The wrong PMI plugin starts 4 singleton worlds that would all "succeed": the workload's
+    # own assertions must turn that into a failed job.
+    submitted["wrong_plugin"] = (
+        cluster.submit("multi_node_cpu", str(WORKLOAD), "--world-size", "4", "--nodes", "2",
+                       env=dict(cluster.env, HPCCOMM_SRUN_MPI="none")),
+        time.monotonic())
+    return submitted
+
+
+def _finished(cluster, jobs, name):
+    job_id, t0 = jobs[name]
+    info = cluster.wait(job_id, t0)
+    return info, _read(info.get("StdOut"))
+
+
+def _rankinfo(output: str) -> list[dict[str, str]]:
+    return [dict(re.findall(r"(\w+)=(\S+)", line)) for line in output.splitlines()
+            if line.startswith("RANKINFO ")]
+
+
+def test_every_template_is_tested():
+    assert sorted(GOOD_JOBS) == ALL_TEMPLATES
+
+
+@pytest.mark.parametrize("template", sorted(GOOD_JOBS))
+def test_template_runs_checks(cluster, jobs, flavour, template):
+    _, args, nodes, per_node = GOOD_JOBS[template]
+    world = nodes * per_node
+    info, out = _finished(cluster, jobs, template)
+    where = f"\n--- job output ({info.get('StdOut')}) ---\n{out}"
+    assert info["JobState"] == "COMPLETED", info["JobState"] + where
+    assert info["ExitCode"] == "0:0", info["ExitCode"] + where
+
+    # The workload's own verdicts.
+    for name in ("world_size", "nodes", "env", "allreduce", "ddp"):
+        assert re.search(rf"^CHECK {name} .* OK$", out, re.M), f"no 'CHECK {name} ... OK'{where}"
+    assert f"CHECK world_size world_size={world} expected={world} OK" in out, where
+    assert "CHECK ddp steps=3 " in out, where
+    assert "ALL CHECKS OK" in out, where
+    assert "FAIL" not in out, where
+
+    # And our own reading of where the ranks ran.
+    ranks = _rankinfo(out)
+    assert sorted(int(r["rank"]) for r in ranks) == list(range(world)), where
+    hosts = {r["host"] for r in ranks}
+    assert len(hosts) == nodes and hosts <= {"n1", "n2"}, where
+    for host in hosts:
+        on_host = [r for r in ranks if r["host"] == host]
+        assert len(on_host) == per_node, where
+        assert sorted(int(r["local_rank"]) for r in on_host) == list(range(per_node)), where
+        cvds = [r["CUDA_VISIBLE_DEVICES"] for r in on_host]
+        if template == "multi_node_gpu":
+            # Each local rank its own fake GPU.
+            assert "<unset>" not in cvds and len(set(cvds)) == per_node, where
+            assert "CHECK gpu_binding" in out, where
+        elif template == "multi_node_cpu":
+            assert set(cvds) <= {"<unset>", ""}, where
+
+    # The launcher matched the MPI wheel in this environment.
+    if template in ("single_node", "multi_node_gpu", "multi_node_cpu"):
+        plugin = "pmix" if flavour == "openmpi" else "pmi2"
+        assert f"srun --mpi={plugin} ({flavour})" in out, where
+    elif template == "mpirun":
+        assert f"{sys.prefix}/bin/mpirun ({flavour})" in out, where
+    elif template == "hpccomm_run":
+        plugin = "pmix" if flavour == "openmpi" else "pmi2"
+        assert f"hpccomm-run ({flavour}): srun" in out and f"--mpi={plugin}" in out, where
+
+
+def _assert_failed_fast(info, out, exit_code, message):
+    where = f"\n--- job output ({info.get('StdOut')}) ---\n{out}"
+    assert info["JobState"] == "FAILED", info["JobState"] + where
+    assert info["ExitCode"] == f"{exit_code}:0", info["ExitCode"] + where
+    assert message in out, where
+    assert "RANKINFO" not in out, "ranks were started" + where
+    h, m, s = (int(x) for x in info["RunTime"].split(":")[-3:])
+    assert h * 3600 + m * 60 + s <= 15, f"took {info['RunTime']} to fail{where}"
+
+
+def test_missing_script_fails_at_once(cluster, jobs):
+    info, out = _finished(cluster, jobs, "missing_script")
+    _assert_failed_fast(info, out, 2, "hpccomm-slurm: ERROR: script '")
+    assert "no_such_script.py' not found" in out
+
+
+def test_environment_without_hpccomm_fails_at_once(cluster, jobs, bare_venv):
+    info, out = _finished(cluster, jobs, "no_hpccomm")
+    _assert_failed_fast(info, out, 3, f"Python environment {bare_venv} lacks hpccomm")
+
+
+def test_wrong_pmi_plugin_is_caught_by_the_workload(cluster, jobs):
+    info, out = _finished(cluster, jobs, "wrong_plugin")
+    where = f"\n--- job output ---\n{out}"
+    assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info["JobState"] + where
+    assert "ALL CHECKS OK" not in out, where
+
+
+@pytest.mark.parametrize("template", ALL_TEMPLATES)
+@pytest.mark.parametrize("case", ["missing_script", "no_hpccomm"])
+def test_template_rejects_bad_input_outside_slurm(tmp_path, bare_venv, template, case):
+    """The preflight needs no cluster: run each template with bash directly."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if case == "missing_script":
+        env["HPCCOMM_VENV"] = sys.prefix
+        args, code, message = [str(tmp_path / "nope.py")], 2, "not found"
+    else:
+        env["HPCCOMM_VENV"] = str(bare_venv)
+        args, code, message = [str(WORKLOAD)], 3, "lacks hpccomm"
+    t0 = time.monotonic()
+    res = subprocess.run(["bash", str(TEMPLATES / f"{template}.sbatch"), *args], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == code, res.stdout + res.stderr
+    assert "hpccomm-slurm: ERROR:" in res.stderr and message in res.stderr, res.stderr
+    assert time.monotonic() - t0 < 30
+
+
+def test_template_without_environment_or_script_fails(tmp_path):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HPCCOMM_VENV", "VIRTUAL_ENV", "CONDA_PREFIX", "HPCCOMM_SCRIPT")}
+    res = subprocess.run(["bash", str(TEMPLATES / "single_node.sbatch"), str(WORKLOAD)], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no Python environment" in res.stderr, res.stderr
+    env["HPCCOMM_VENV"] = sys.prefix
+    res = subprocess.run(["bash", str(TEMPLATES / "single_node.sbatch")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no script given" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("opts", [
+    ["--nodes=3"],
+    [f"--nodes=2", f"--gpus-per-node={GPUS_PER_NODE + 1}"],
+    ["--nodes=1", f"--ntasks-per-node={CPUS_PER_NODE + 1}"],
+], ids=["nodes", "gpus", "cpus"])
+def test_oversized_job_fails_at_submit(cluster, opts):
+    before = set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split())
+    t0 = time.monotonic()
+    res = cluster.run(["sbatch", "--parsable", "--output=/dev/null", *opts,
+                       str(TEMPLATES / "multi_node_cpu.sbatch"), str(WORKLOAD)])
+    assert res.returncode != 0, f"sbatch accepted an impossible job: {res.stdout}"
+    assert "Batch job submission failed" in res.stderr, res.stderr
+    assert time.monotonic() - t0 < 30
+    # ... and nothing was queued.
+    after = set(cluster.run(["squeue", "-h", "-o", "%i"]).stdout.split())
+    assert after <= before

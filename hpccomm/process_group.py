@@ -22,6 +22,18 @@ from functools import lru_cache
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
 
 from . import debug, validation as check
 from .progress import engine
@@ -123,8 +135,8 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
 
     # -- all-reduce, broadcast, reduce ---------------------------------------
 
-    def allreduce(self, tensors: list[torch.Tensor], opts: dist.AllreduceOptions = None) -> dist.Work:
-        opts = opts or dist.AllreduceOptions()
+    def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = None) -> dist.Work:
+        opts = opts or AllreduceOptions()
         tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
         transport = self._route("all_reduce", tensor)
         red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
@@ -132,8 +144,8 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
             self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: dist.AllreduceCoalescedOptions = None) -> dist.Work:
-        opts = opts or dist.AllreduceCoalescedOptions()
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions = None) -> dist.Work:
+        opts = opts or AllreduceCoalescedOptions()
         op = "all_reduce_coalesced"
         tensors = check.check_tensors(op, "tensors", tensors, self._transports)
         if not tensors:
@@ -143,16 +155,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: dist.BroadcastOptions = None) -> dist.Work:
-        opts = opts or dist.BroadcastOptions()
+    def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = None) -> dist.Work:
+        opts = opts or BroadcastOptions()
         tensor = check.check_single("broadcast", "tensor", tensors, self._transports)
         root = check.check_rank("broadcast", "src", opts.rootRank, self._size)
         transport = self._route("broadcast", tensor)
         self._precheck("broadcast", dtype=tensor.dtype, numel=tensor.numel(), root=root)
         return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: dist.ReduceOptions = None) -> dist.Work:
-        opts = opts or dist.ReduceOptions()
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = None) -> dist.Work:
+        opts = opts or ReduceOptions()
         tensor = check.check_single("reduce", "tensor", tensors, self._transports)
         root = check.check_rank("reduce", "dst", opts.rootRank, self._size)
         transport = self._route("reduce", tensor)
@@ -163,9 +175,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     # -- gathers -------------------------------------------------------------
 
     def allgather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: dist.AllgatherOptions = None
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         op = "all_gather"
         tensor = check.check_single(op, "tensor", input_tensors, self._transports)
         if len(output_tensors) != 1:
@@ -179,16 +191,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         return self._launch(op, transport.allgather(outputs, tensor), outputs, opts.asyncOp)
 
     def allgather_coalesced(
-        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: dist.AllgatherOptions = None
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         if len(output_lists) != len(input_list):
             raise check.fail("all_gather_coalesced", "output_tensor_lists and input_tensor_list differ in length")
         works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
         return works[-1] if works else self.barrier()
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: dist.AllgatherOptions = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
+        opts = opts or AllgatherOptions()
         op = "all_gather_into_tensor"
         tensor = check.check_tensor(op, "input_tensor", input, self._transports)
         output = check.check_tensor(op, "output_tensor", output, self._transports)
@@ -201,16 +213,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.AllgatherOptions = None
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
-        return self._coalesced(self.all_gather_single, outputs, inputs, opts or dist.AllgatherOptions())
+        return self._coalesced(self.all_gather_single, outputs, inputs, opts or AllgatherOptions())
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def gather(
-        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: dist.GatherOptions = None
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: GatherOptions = None
     ) -> dist.Work:
-        opts = opts or dist.GatherOptions()
+        opts = opts or GatherOptions()
         op = "gather"
         tensor = check.check_single(op, "tensor", input_tensors, self._transports)
         root = check.check_rank(op, "dst", opts.rootRank, self._size)
@@ -231,9 +243,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     # -- scatters and reduce-scatters ---------------------------------------
 
     def scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: dist.ScatterOptions = None
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: ScatterOptions = None
     ) -> dist.Work:
-        opts = opts or dist.ScatterOptions()
+        opts = opts or ScatterOptions()
         op = "scatter"
         output = check.check_single(op, "tensor", output_tensors, self._transports)
         root = check.check_rank(op, "src", opts.rootRank, self._size)
@@ -252,9 +264,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         return self._launch(op, transport.scatter(output, inputs, root), [output], opts.asyncOp)
 
     def reduce_scatter(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: dist.ReduceScatterOptions = None
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: ReduceScatterOptions = None
     ) -> dist.Work:
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or ReduceScatterOptions()
         op = "reduce_scatter"
         output = check.check_single(op, "output", output_tensors, self._transports)
         if len(input_tensors) != 1:
@@ -269,9 +281,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
 
     def reduce_scatter_single(
-        self, output: torch.Tensor, input: torch.Tensor, opts: dist.ReduceScatterOptions = None
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions = None
     ) -> dist.Work:
-        opts = opts or dist.ReduceScatterOptions()
+        opts = opts or ReduceScatterOptions()
         op = "reduce_scatter_tensor"
         tensor = check.check_tensor(op, "input", input, self._transports)
         output = check.check_tensor(op, "output", output, self._transports)
@@ -285,9 +297,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(
-        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: dist.ReduceScatterOptions = None
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions = None
     ) -> dist.Work:
-        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts or dist.ReduceScatterOptions())
+        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts or ReduceScatterOptions())
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -302,9 +314,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     # -- all-to-all ------------------------------------------------------------
 
     def alltoall(
-        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: dist.AllToAllOptions = None
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: AllToAllOptions = None
     ) -> dist.Work:
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or AllToAllOptions()
         op = "all_to_all"
         outputs = check.check_tensors(op, "output_tensor_list", output_tensors, self._transports)
         inputs = check.check_tensors(op, "input_tensor_list", input_tensors, self._transports)
@@ -321,9 +333,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         input: torch.Tensor,
         output_split_sizes: list[int],
         input_split_sizes: list[int],
-        opts: dist.AllToAllOptions = None,
+        opts: AllToAllOptions = None,
     ) -> dist.Work:
-        opts = opts or dist.AllToAllOptions()
+        opts = opts or AllToAllOptions()
         op = "all_to_all_single"
         tensor = check.check_tensor(op, "input", input, self._transports)
         output = check.check_tensor(op, "output", output, self._transports)
@@ -339,8 +351,8 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
 
     # -- barrier and point-to-point -------------------------------------------
 
-    def barrier(self, opts: dist.BarrierOptions = None) -> dist.Work:
-        opts = opts or dist.BarrierOptions()
+    def barrier(self, opts: BarrierOptions = None) -> dist.Work:
+        opts = opts or BarrierOptions()
         transport = self._route("barrier", torch.empty(0))
         self._precheck("barrier")
         return self._launch("barrier", transport.barrier(), [], opts.asyncOp)

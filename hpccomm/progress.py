@@ -6,10 +6,12 @@ its autograd hooks) is handed to this engine, whose thread polls it until it
 completes, runs its follow-up and settles its future, so communication
 overlaps with the caller's compute. Blocking calls never come here.
 
-The thread starts on the first asynchronous operation, sleeps on a condition
-variable while there is nothing to drive, and is stopped and joined at
-interpreter exit, before mpi4py finalises MPI, so no thread is ever inside MPI
-while MPI shuts down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread
+The thread starts on the first asynchronous operation and sleeps on a
+condition variable while there is nothing to drive. At interpreter exit,
+before mpi4py finalises MPI, work still in flight is driven to completion
+(bounded by :data:`DRAIN_TIMEOUT_S`) and the thread is joined: MPI must not
+write into tensors Python is freeing, and no thread may be inside MPI while
+it shuts down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread
 level it is never started and asynchronous work progresses when waited on.
 """
 
@@ -22,6 +24,8 @@ import time
 from .work import HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
+#: At exit, how long to keep driving work that was posted but never waited on.
+DRAIN_TIMEOUT_S = 30.0
 
 
 class ProgressEngine:
@@ -73,6 +77,18 @@ class ProgressEngine:
                 # Let the compute thread have the GIL between polls.
                 time.sleep(0)
 
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+        """Drive every submitted work to completion; True if all ended in time."""
+        deadline = time.monotonic() + timeout_s
+        with self._wakeup:
+            works = list(self._works)
+        for work in works:
+            while not work.poll():
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0)
+        return True
+
     def shutdown(self, timeout_s: float = _JOIN_TIMEOUT_S) -> bool:
         """Stop the thread; True if it ended within ``timeout_s``.
 
@@ -102,5 +118,17 @@ def engine() -> ProgressEngine:
                 from .config import settings
 
                 _engine = ProgressEngine(settings.progress_thread and world.has_thread_multiple())
-                atexit.register(_engine.shutdown)
+                atexit.register(_at_exit, _engine)
     return _engine
+
+
+def _at_exit(engine_: ProgressEngine) -> None:
+    if not engine_.drain():
+        import sys
+
+        print(
+            f"hpccomm: {engine_.pending()} asynchronous operation(s) still in flight at exit "
+            f"after {DRAIN_TIMEOUT_S:.0f} s; a peer may have stopped early",
+            file=sys.stderr,
+        )
+    engine_.shutdown()

@@ -176,8 +176,7 @@ def cluster(tmp_path_factory):
     state.mkdir()
     jobs.mkdir()
     log_path = base / "cluster.log"
-    env = dict(os.environ, CPUS_PER_NODE=str(CPUS_PER_NODE), GPUS_PER_NODE=str(GPUS_PER_NODE),
-               KEEP_STATE="1")
+    env = dict(os.environ, CPUS_PER_NODE=str(CPUS_PER_NODE), GPUS_PER_NODE=str(GPUS_PER_NODE))
     with open(log_path, "w") as log:
         # stdin is a pipe: cluster.sh serve tears down when it closes, so even a pytest that is
         # SIGKILLed leaves nothing running. Own session: a Ctrl-C aimed at pytest does not hit
@@ -359,6 +358,9 @@ def test_wrong_pmi_plugin_is_caught_by_the_workload(cluster, jobs):
     where = f"\n--- job output ---\n{out}"
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", info["JobState"] + where
     assert "ALL CHECKS OK" not in out, where
+    # Every rank found itself alone (or, depending on the MPI, could not start at all).
+    assert ("CHECK world_size world_size=1 expected=4 FAIL" in out
+            or "check_job.py crashed" in out), where
 
 
 @pytest.mark.parametrize("template", ALL_TEMPLATES)

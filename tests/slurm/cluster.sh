@@ -36,7 +36,8 @@
 # Requires root (unshare, nsenter, mount, mknod) and tests/slurm/install_deps.sh.
 set -euo pipefail
 
-NODES=(n1 n2)
+NODES=(n1 n2)   # the node ports below (6818, 6819) assume two nodes
+NET_ADDR=198.51.100.1   # TEST-NET-2 (documentation range), only inside our namespace
 CPUS_PER_NODE=${CPUS_PER_NODE:-4}
 GPUS_PER_NODE=${GPUS_PER_NODE:-2}
 MEM_PER_NODE_MB=${MEM_PER_NODE_MB:-4000}
@@ -113,6 +114,7 @@ teardown() {
   TORN_DOWN=1
   set +e
   trap '' INT TERM HUP
+  local t0=$SECONDS
   log "tearing down (state $STATE)"
   [ -n "${CAT_PID:-}" ] && kill "$CAT_PID" 2>/dev/null
   # 1. Cancel every job of this cluster while slurmctld is still there, so job steps end
@@ -141,7 +143,7 @@ teardown() {
   elif [ -n "$STATE" ]; then
     log "state and logs kept in $STATE"
   fi
-  log "down"
+  log "down in $(( SECONDS - t0 ))s"
   return 0
 }
 
@@ -161,18 +163,6 @@ record_pid() {  # name pid
 # ---------------------------------------------------------------------------------------------
 # Bring-up
 # ---------------------------------------------------------------------------------------------
-free_ports() {  # n -> n free TCP ports on loopback (bind to port 0, read, close)
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-}
-
 write_config() {
   local ctld_port=$1; shift
   local node_ports=("$@")
@@ -180,9 +170,12 @@ write_config() {
   mkdir -p "$STATE"/{etc,munge,ctld,log,run,dev} "$STATE/spool" "$STATE/tmp"
   chmod 700 "$STATE/munge"
 
-  # Every node name and the controller's host resolve to loopback inside the node namespaces.
+  # Every node name and the controller's host resolve to loopback inside the node namespaces;
+  # the veth address gets a name too, so reverse lookups of it (torch's TCPStore logs one)
+  # answer at once.
   {
     echo "127.0.0.1 localhost $host ${NODES[*]}"
+    echo "$NET_ADDR hpccomm-test-net"
     echo "::1 localhost ip6-localhost ip6-loopback"
   } > "$STATE/etc/hosts"
 
@@ -286,14 +279,20 @@ start_munge() {
 }
 
 start_slurmctld() {
-  # A new network namespace with loopback up; slurmctld's PID names it for everyone else.
-  # The extra /32 on lo (a documentation address, TEST-NET-2, reachable from nowhere) is there
-  # because Slurm resolves with AI_ADDRCONFIG, which finds nothing ("Unable to resolve
-  # 127.0.0.1") while the namespace has no non-loopback address at all.
+  # A new network namespace; slurmctld's PID names it for everyone else. Besides loopback it
+  # gets one veth pair whose ends both stay inside it, v0 with a documentation address
+  # (TEST-NET-2, reachable from nowhere), because with loopback alone
+  #   - Slurm resolves nothing (AI_ADDRCONFIG wants a non-loopback address: "Unable to
+  #     resolve 127.0.0.1"),
+  #   - Open MPI's mpirun hands its daemons on the other "node" a 127.0.0.1 address that they
+  #     refuse as node-local (prted exits 213), and its TCP transport skips loopback.
   unshare --net -- /bin/sh -c '
-      ip link set lo up && ip addr add 198.51.100.1/32 dev lo &&
+      ip link set lo up &&
+      ip link add hpcc0 type veth peer name hpcc1 &&
+      ip addr add "$2/24" dev hpcc0 &&
+      ip link set hpcc0 up && ip link set hpcc1 up &&
       exec slurmctld -D -i -f "$1"' \
-    sh "$STATE/etc/slurm.conf" >>"$STATE/log/slurmctld.out" 2>&1 &
+    sh "$STATE/etc/slurm.conf" "$NET_ADDR" >>"$STATE/log/slurmctld.out" 2>&1 &
   local pid=$!
   record_pid slurmctld "$pid"
   local own; own=$(readlink /proc/$$/ns/net)
@@ -366,8 +365,9 @@ up() {
     || log "warning: libpmix.so not found (install libpmix-dev): srun --mpi=pmix will fail"
   case "$STATE" in *[[:space:]]*) die "state dir must not contain whitespace: $STATE";; esac
   : > "$STATE/pids"
-  local ports; read -r -a ports <<<"$(free_ports $(( 1 + ${#NODES[@]} )))"
-  write_config "${ports[0]}" "${ports[@]:1}"
+  # Slurm's default ports: the cluster has a network namespace of its own, so nothing on the
+  # host can collide with them (and two clusters can run side by side).
+  write_config 6817 6818 6819
   local t0=$SECONDS
   start_munge
   start_slurmctld

@@ -1,0 +1,112 @@
+"""Groups and lifetime: subgroups, non-members, destroy and init again.
+
+Usage: groups.py [name-filter]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from rankcheck import check, expect_error, run_all
+
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+
+
+@check
+def identity_comes_from_mpi_and_is_exported() -> None:
+    from mpi4py import MPI
+
+    assert (RANK, SIZE) == (MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size)
+    assert os.environ["RANK"] == str(RANK) and os.environ["WORLD_SIZE"] == str(SIZE)
+    ident = hpccomm.identity()
+    assert os.environ["LOCAL_RANK"] == str(ident.local_rank)
+    assert os.environ["LOCAL_WORLD_SIZE"] == str(ident.local_world_size) == str(SIZE)  # one node here
+    assert ident.num_nodes == 1
+    assert dist.get_backend() == "hpccomm"
+    assert "MASTER_ADDR" not in os.environ or os.environ.get("HPCCOMM_TEST_MASTER_ADDR_SET")
+
+
+@check
+def new_group_subsets_and_non_members() -> None:
+    evens = list(range(0, SIZE, 2))
+    group = dist.new_group(evens)
+    t = torch.tensor([float(RANK)])
+    if RANK in evens:
+        dist.all_reduce(t, group=group)
+        assert t.item() == sum(evens), t
+        assert dist.get_rank(group) == evens.index(RANK)
+        assert dist.get_world_size(group) == len(evens)
+        # group ranks translate to global ranks on broadcast
+        b = torch.tensor([float(RANK)])
+        dist.broadcast(b, src=evens[-1], group=group)
+        assert b.item() == evens[-1]
+    else:
+        assert dist.get_rank(group) == -1
+        assert t.item() == RANK  # a non-member's call is a no-op
+    dist.barrier()
+    dist.destroy_process_group(group)
+
+
+@check
+def new_subgroups_partition_the_world() -> None:
+    if SIZE < 2:
+        return
+    mine, groups = dist.new_subgroups(group_size=2 if SIZE % 2 == 0 else 1)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mine)
+    assert t.item() == dist.get_world_size(mine)
+    for g in groups:
+        dist.destroy_process_group(g)
+
+
+@check
+def overlapping_groups_in_the_same_order() -> None:
+    a = dist.new_group(list(range(SIZE)))
+    b = dist.new_group(list(range(SIZE - 1, -1, -1)))
+    t = torch.ones(2)
+    dist.all_reduce(t, group=a)
+    dist.all_reduce(t, group=b)
+    assert torch.equal(t, torch.full((2,), float(SIZE * SIZE)))
+    assert dist.get_rank(b) == RANK  # torch sorts a group's ranks
+
+
+@check
+def group_name_is_set() -> None:
+    group = dist.new_group(list(range(SIZE)))
+    assert isinstance(group.group_name, str) and group.group_name
+    assert dist.group.WORLD.group_name
+
+
+@check
+def destroy_and_init_again() -> None:
+    for round_ in range(2):
+        dist.destroy_process_group()
+        assert not dist.is_initialized()
+        dist.init_process_group("hpccomm")
+        t = torch.tensor([float(round_ + RANK)])
+        dist.all_reduce(t)
+        assert t.item() == sum(round_ + r for r in range(SIZE))
+
+
+@check
+def closed_group_raises() -> None:
+    group = dist.new_group(list(range(SIZE)))
+    group.shutdown()
+    expect_error(RuntimeError, "shut down", lambda: group.allreduce([torch.ones(1)], dist.AllreduceOptions()))
+
+
+@check
+def gloo_also_initialises_without_master_addr() -> None:
+    group = dist.new_group(list(range(SIZE)), backend="gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t, group=group)
+    assert t.item() == SIZE
+
+
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
+dist.destroy_process_group()

@@ -1,0 +1,128 @@
+"""Bad input: a clear error naming op and argument, raised before any communication.
+
+Each case is tried on rank 0 only while the other ranks skip it; all ranks
+then run a checked all_reduce. Had rank 0 posted anything, that all_reduce
+would pair with it and give a wrong sum or hang (and the run times out).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
+from rankcheck import check, expect_error, run_all
+
+dist.init_process_group("hpccomm", timeout=timedelta(seconds=20))
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+PG = dist.group.WORLD
+
+
+def only_rank0_fails(kind: type[BaseException], fragments: list[str], call) -> None:
+    if RANK == 0:
+        exc = expect_error(kind, fragments[0], call)
+        for fragment in fragments[1:]:
+            assert fragment in str(exc), f"message lacks {fragment!r}: {exc}"
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.full((3,), float(SIZE))), f"group out of step after a bad call: {t}"
+
+
+def opts(cls, **fields):
+    o = cls()
+    for key, value in fields.items():
+        setattr(o, key, value)
+    return o
+
+
+@check
+def all_gather_list_of_wrong_length() -> None:
+    outs = [torch.empty(2) for _ in range(SIZE + 1)]
+    only_rank0_fails(ValueError, ["all_gather", "tensor_list", "entries"], lambda: dist.all_gather(outs, torch.ones(2)))
+
+
+@check
+def all_to_all_single_splits_that_do_not_sum() -> None:
+    bad = [1] * SIZE
+    bad[0] += 1
+    call = lambda: dist.all_to_all_single(torch.empty(SIZE), torch.ones(SIZE), input_split_sizes=bad, output_split_sizes=[1] * SIZE)
+    only_rank0_fails(ValueError, ["all_to_all_single", "input_split_sizes"], call)
+
+
+@check
+def all_to_all_single_uneven_without_splits() -> None:
+    call = lambda: dist.all_to_all_single(torch.empty(SIZE * 2 + 1), torch.ones(SIZE * 2 + 1))
+    if SIZE > 1:
+        only_rank0_fails(ValueError, ["all_to_all_single", "split"], call)
+
+
+@check
+def output_too_small() -> None:
+    call = lambda: dist.all_gather_into_tensor(torch.empty(SIZE * 2 - 1), torch.ones(2))
+    only_rank0_fails(ValueError, ["all_gather_into_tensor", "output_tensor"], call)
+    call = lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * SIZE + 1))
+    only_rank0_fails(ValueError, ["reduce_scatter_tensor", "input"], call)
+
+
+@check
+def invalid_root_and_peer() -> None:
+    call = lambda: PG.broadcast([torch.ones(1)], opts(dist.BroadcastOptions, rootRank=SIZE))
+    only_rank0_fails(ValueError, ["broadcast", "src"], call)
+    call = lambda: PG.reduce([torch.ones(1)], opts(dist.ReduceOptions, rootRank=-1))
+    only_rank0_fails(ValueError, ["reduce", "dst"], call)
+    only_rank0_fails(ValueError, ["send", "dst"], lambda: PG.send([torch.ones(1)], SIZE, 0))
+    only_rank0_fails(ValueError, ["recv", "src"], lambda: PG.recv([torch.ones(1)], SIZE + 3, 0))
+    only_rank0_fails(ValueError, ["send", "tag"], lambda: PG.send([torch.ones(1)], 0, -1))
+
+
+@check
+def sparse_tensor() -> None:
+    sparse = torch.ones(4).to_sparse()
+    only_rank0_fails(ValueError, ["all_reduce", "sparse"], lambda: PG.allreduce([sparse], dist.AllreduceOptions()))
+
+
+@check
+def device_with_no_route() -> None:
+    meta = torch.empty(4, device="meta")
+    only_rank0_fails(RuntimeError, ["all_reduce", "no transport", "meta"], lambda: PG.allreduce([meta], dist.AllreduceOptions()))
+
+
+@check
+def reduce_op_that_makes_no_sense() -> None:
+    c = torch.ones(2, dtype=torch.complex64)
+    call = lambda: PG.allreduce([c], opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.MIN))
+    only_rank0_fails(ValueError, ["all_reduce", "MIN", "complex"], call)
+    call = lambda: PG.allreduce([torch.ones(2)], opts(dist.AllreduceOptions, reduceOp=dist.ReduceOp.BXOR))
+    only_rank0_fails(ValueError, ["all_reduce", "BXOR", "float32"], call)
+    call = lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool), op=dist.ReduceOp.AVG)
+    only_rank0_fails(ValueError, ["all_reduce", "AVG", "bool"], call)
+
+
+@check
+def dtype_mismatch_between_output_and_input() -> None:
+    call = lambda: PG.all_gather_single(torch.empty(SIZE, dtype=torch.int32), torch.ones(1), AllgatherOptions())
+    only_rank0_fails(ValueError, ["all_gather_into_tensor", "dtype"], call)
+
+
+@check
+def more_than_one_tensor_per_process() -> None:
+    call = lambda: PG.allreduce([torch.ones(1), torch.ones(1)], dist.AllreduceOptions())
+    only_rank0_fails(ValueError, ["all_reduce", "exactly one"], call)
+
+
+@check
+def not_a_tensor() -> None:
+    only_rank0_fails(ValueError, ["broadcast", "torch.Tensor"], lambda: PG.broadcast([[1, 2]], dist.BroadcastOptions()))
+
+
+@check
+def gather_list_length() -> None:
+    call = lambda: dist.gather(torch.ones(1), [torch.empty(1)] * (SIZE + 1), dst=0)
+    only_rank0_fails(ValueError, ["gather", "gather_list"], call)
+
+
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
+dist.destroy_process_group()

@@ -1,0 +1,84 @@
+"""Work and async semantics: progress without waiting, wait(timeout), futures.
+
+Usage: work.py [name-filter]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from hpccomm.work import CommTimeoutError
+from rankcheck import check, expect_error, run_all
+
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+
+
+@check
+def async_work_completes_without_being_waited_on() -> None:
+    t = torch.ones(1 << 16)
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    deadline = time.monotonic() + 10
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.01)  # no MPI call here: only the progress thread can finish it
+    assert future.done(), "async all_reduce made no progress without wait()"
+    assert work.is_completed() and work.is_success() and work.exception() is None
+    assert torch.equal(t, torch.full_like(t, SIZE))
+    assert work.result()[0] is t
+
+
+@check
+def future_callbacks_see_the_output() -> None:
+    t = torch.full((4,), float(RANK))
+    chained = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    assert torch.equal(chained.wait(), torch.full((4,), float(sum(range(SIZE)) * 2)))
+
+
+@check
+def wait_honours_its_timeout_and_can_wait_again() -> None:
+    if SIZE < 2:
+        return
+    if RANK == 0:
+        t = torch.zeros(2)
+        work = dist.irecv(t, src=1, tag=99)
+        start = time.monotonic()
+        expect_error(CommTimeoutError, "recv", lambda: work.wait(timeout=timedelta(seconds=0.5)))
+        elapsed = time.monotonic() - start
+        assert 0.5 <= elapsed < 3, f"wait(timeout=0.5s) returned after {elapsed:.2f}s"
+        dist.send(torch.ones(1), dst=1, tag=98)  # now let rank 1 send
+        assert work.wait(timeout=timedelta(seconds=30))
+        assert torch.equal(t, torch.full((2,), 7.0))
+    elif RANK == 1:
+        dist.recv(torch.empty(1), src=0, tag=98)
+        dist.send(torch.full((2,), 7.0), dst=0, tag=99)
+    dist.barrier()
+
+
+@check
+def many_outstanding_async_ops_complete_in_order() -> None:
+    tensors = [torch.full((1000,), float(i + RANK)) for i in range(20)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    for i, t in enumerate(tensors):
+        assert torch.equal(t, torch.full((1000,), float(sum(i + r for r in range(SIZE)))))
+
+
+@check
+def blocking_call_after_async_ones() -> None:
+    a = torch.ones(10)
+    work = dist.all_reduce(a, async_op=True)
+    b = torch.full((10,), 2.0)
+    dist.all_reduce(b)
+    work.wait()
+    assert torch.equal(a, torch.full((10,), float(SIZE))) and torch.equal(b, torch.full((10,), 2.0 * SIZE))
+
+
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
+dist.destroy_process_group()

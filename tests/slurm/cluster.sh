@@ -17,19 +17,21 @@
 #
 # Layout (measured on Debian 12, slurm-wlm 22.05, see shared/FACTS.md "Slurm"):
 #   munged      one private daemon on a private socket (AuthInfo=socket=...).
-#   netns       slurmctld starts in a NEW network namespace that has only loopback; both slurmds
-#               join it, and clients (sbatch, squeue, ...) must too: `nsenter --net=$NETNS`,
-#               with NETNS from STATE_DIR/env (`cluster.sh run` does it for you). So every
-#               byte of Slurm and MPI traffic stays on a private loopback, MPI launchers find
-#               no other interface to wander onto, and the ports cannot clash with the host's.
+#   netns       slurmctld starts in a NEW network namespace (loopback plus a veth pair whose
+#               both ends stay inside, 198.51.100.1/24); both slurmds join it, and clients
+#               (sbatch, squeue, ...) must too: `nsenter --net=$NETNS`, with NETNS from
+#               STATE_DIR/env (`cluster.sh run` does it for you). So every byte of Slurm and
+#               MPI traffic stays inside this namespace, MPI finds no real interface to
+#               wander onto, and Slurm's default ports cannot clash with the host's.
 #   slurmctld   SlurmctldHost=<real hostname>(127.0.0.1).
 #   slurmd n1   `slurmd -N n1` and `-N n2` on distinct ports, each in its own UTS + mount
 #   slurmd n2   namespace (unshare) with hostname n1/n2 and a bind-mounted /etc/hosts, so MPI
 #               sees two hosts (without that, shared-memory segment names of the two "nodes"
 #               clash and MPI_Comm_split_type(SHARED) sees one node).
 #   TmpFS=<state>/tmp/%n  one per node, else the PMIx plugins of both slurmds clash.
-#   CPUs=4 per node (more than the real cores) through SlurmdParameters=config_overrides.
-#   Gres=gpu:2 per node, backed by fake char devices (mknod c 1 3, i.e. /dev/null's numbers)
+#   CPUs=$CPUS_PER_NODE (default 4, more than the real cores) per node, accepted through
+#               SlurmdParameters=config_overrides.
+#   Gres=gpu:$GPUS_PER_NODE (default 2) per node, backed by fake char devices (mknod c 1 3, i.e. /dev/null's numbers)
 #               listed in gres.conf: enough for --gpus* to set CUDA_VISIBLE_DEVICES.
 #   EnforcePartLimits=ALL so a job asking for more than the cluster has fails at submit
 #               instead of pending forever.
@@ -50,13 +52,13 @@ SBIN_PATH=/usr/sbin:/usr/bin:/sbin:/bin
 export PATH="$PATH:$SBIN_PATH"
 
 # ---------------------------------------------------------------------------------------------
-# Teardown: only PIDs we recorded, plus processes living in the UTS namespaces we created
+# Teardown: only PIDs we recorded, plus processes living in the namespaces we created
 # (job steps: slurmstepd double-forks away from slurmd, so they are not its children, but
-# they inherit its namespace, which is ours alone).
+# they inherit its namespaces, which are ours alone).
 # ---------------------------------------------------------------------------------------------
 STATE=""
 PIDS=()        # "name:pid", in start order
-NS_IDS=()      # "uts:[inode]" of each slurmd namespace
+NS_IDS=()      # "uts:[inode]" of each slurmd, "net:[inode]" of the cluster's network
 OWN_STATE=0    # 1 when we created STATE ourselves (then we remove it)
 TORN_DOWN=0
 
@@ -88,16 +90,18 @@ stop_pid() {  # name pid
   wait "$pid" 2>/dev/null || true
 }
 
-# Kill every process whose UTS namespace is one of ours (job steps, MPI daemons they spawned).
+# Kill every process living in one of our namespaces (job steps, the MPI daemons they spawned).
 sweep_namespaces() {
   [ ${#NS_IDS[@]} -gt 0 ] || return 0
-  local sig pass p ns id found
+  local pass p uts net id found
   for pass in TERM KILL; do
     found=0
     for p in /proc/[0-9]*; do
-      ns=$(readlink "$p/ns/uts" 2>/dev/null) || continue
+      [ "${p#/proc/}" = $$ ] && continue
+      uts=$(readlink "$p/ns/uts" 2>/dev/null) || continue
+      net=$(readlink "$p/ns/net" 2>/dev/null) || continue
       for id in "${NS_IDS[@]}"; do
-        if [ "$ns" = "$id" ]; then
+        if [ "$uts" = "$id" ] || [ "$net" = "$id" ]; then
           found=1
           kill -"$pass" "${p#/proc/}" 2>/dev/null || true
         fi
@@ -280,7 +284,7 @@ start_munge() {
 
 start_slurmctld() {
   # A new network namespace; slurmctld's PID names it for everyone else. Besides loopback it
-  # gets one veth pair whose ends both stay inside it, v0 with a documentation address
+  # gets one veth pair whose ends both stay inside it, hpcc0 with a documentation address
   # (TEST-NET-2, reachable from nowhere), because with loopback alone
   #   - Slurm resolves nothing (AI_ADDRCONFIG wants a non-loopback address: "Unable to
   #     resolve 127.0.0.1"),
@@ -305,6 +309,7 @@ start_slurmctld() {
     sleep 0.05
   done
   NETNS=/proc/$pid/ns/net
+  NS_IDS+=("$ns")
   echo "NETNS=$NETNS" >> "$STATE/env"
 }
 
@@ -394,6 +399,7 @@ down_from_pidfile() {
     esac || { log "pid $pid is now '$comm', not $name: left alone"; continue; }
     PIDS+=("$name:$pid")
     [[ "$name" == slurmd-* ]] && NS_IDS+=("$(readlink "/proc/$pid/ns/uts")")
+    [ "$name" = slurmctld ] && NS_IDS+=("$(readlink "/proc/$pid/ns/net")")
   done < "$STATE/pids"
   teardown
 }

@@ -1,0 +1,6 @@
+"""Shared pytest setup: rank scripts import their helpers from tests/ranks."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,8 @@
+"""Print this rank's CPU affinity: hpccomm-run must not pin a rank to one core."""
+
+import os
+
+from mpi4py import MPI
+
+allowed = len(os.sched_getaffinity(0))
+print(f"AFFINITY rank={MPI.COMM_WORLD.rank} cpus={allowed} of={os.cpu_count()}", flush=True)

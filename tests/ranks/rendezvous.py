@@ -1,0 +1,79 @@
+"""Rendezvous and identity; usage: rendezvous.py <mode>.
+
+Modes:
+    private-store: no MASTER_ADDR: a FileStore, and no listening socket.
+    master-addr: MASTER_ADDR/MASTER_PORT set by the user: torch's TCPStore.
+    wrong-rank / wrong-world-size: a user value that disagrees with MPI.
+    singleton: run without a launcher: a world of one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+mode = sys.argv[1]
+rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+
+
+def listening_socket_inodes() -> set[str]:
+    """Inodes of TCP sockets in LISTEN state that this process holds open."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    listening.add(fields[9])
+    return mine & listening
+
+
+def default_store() -> dist.Store:
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+if mode in ("wrong-rank", "wrong-world-size"):
+    kwargs = {"rank": rank + 1, "world_size": size} if mode == "wrong-rank" else {"world_size": size + 1}
+    try:
+        dist.init_process_group("hpccomm", **kwargs)
+    except ValueError as exc:
+        wrong = kwargs["rank"] if mode == "wrong-rank" else kwargs["world_size"]
+        right = rank if mode == "wrong-rank" else size
+        assert str(wrong) in str(exc) and str(right) in str(exc), exc
+        print(f"REJECTED rank={rank}: {exc}", flush=True)
+        sys.exit(0)
+    sys.exit(f"rank {rank}: init accepted a wrong {mode}")
+
+dist.init_process_group("hpccomm")
+t = torch.ones(1)
+dist.all_reduce(t)
+assert t.item() == size
+store = default_store()
+if mode == "private-store":
+    assert isinstance(store, dist.FileStore), type(store)
+    assert not listening_socket_inodes(), "hpccomm left a listening TCP socket on a single-node job"
+elif mode == "master-addr":
+    assert isinstance(store, dist.TCPStore), type(store)
+    assert store.port == int(os.environ["MASTER_PORT"])
+elif mode == "singleton":
+    assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+store.set(f"key{rank}", b"v")  # the store works for torch and other backends
+assert store.get(f"key{rank}") == b"v"
+dist.destroy_process_group()
+print(f"OK rank={rank} mode={mode} store={type(store).__name__}", flush=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from functools import lru_cache
 
 import torch
 import torch.distributed as dist
@@ -39,22 +38,41 @@ from . import debug, validation as check
 from .progress import engine
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
-from .work import HpcWork, Pending
+from .work import HpcWork, Pending, complete_inline
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
 
 
-@lru_cache(maxsize=None)
-def _plain_reduction(op: str, kind: RedOpType, dtype: torch.dtype) -> Reduction:
-    return reduction(op, dist.ReduceOp(kind), dtype)
+_PREMUL_SUM = int(RedOpType.PREMUL_SUM.value)
+
+
+def _kind_by_hash_is_exact() -> bool:
+    for kind in RedOpType.__members__.values():
+        if kind != RedOpType.PREMUL_SUM and hash(dist.ReduceOp(kind)) != kind.value:
+            return False
+    return hash(dist._make_nccl_premul_sum(2.0)) == _PREMUL_SUM
+
+
+# A ReduceOp hashes to its kind's int value; reading it that way costs a third
+# of `reduce_op.op.value`, and pybind enum comparisons cost more than the rest
+# of a small all_reduce. Checked once, in case a torch release changes it.
+_op_kind = hash if _kind_by_hash_is_exact() else (lambda reduce_op: reduce_op.op.value)
+
+
+_plain_reductions: dict[tuple[int, torch.dtype], Reduction] = {}
 
 
 def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
-    kind = reduce_op.op
-    if kind == RedOpType.PREMUL_SUM:
+    kind = _op_kind(reduce_op)
+    found = _plain_reductions.get((kind, dtype))
+    if found is not None:
+        return found
+    if kind == _PREMUL_SUM:
         return reduction(op, reduce_op, dtype)  # carries a per-call factor
-    return _plain_reduction(op, kind, dtype)
+    found = reduction(op, reduce_op, dtype)  # raises for pairs that make no sense
+    _plain_reductions[(kind, dtype)] = found
+    return found
 
 
 class ProcessGroupHpccomm(dist.ProcessGroup):
@@ -82,7 +100,8 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._rank = rank
         self._size = size
         self._transports = transports
-        self._timeout = timeout
+        self._cpu_transport = transports.get("cpu")
+        self._timeout_s = timeout.total_seconds()
         self._global_ranks = list(global_ranks)
         self._group_name = ""
         self._seq = 0
@@ -118,15 +137,17 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def _route(self, op: str, tensor: torch.Tensor) -> Transport:
         if self._closed is not None:
             raise RuntimeError(f"hpccomm {op}: {self.describe()} was {self._closed}; create a new group")
-        return self._transports[tensor.device.type]
+        # tensor.is_cpu costs a seventh of tensor.device.type
+        return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
 
-    def _launch(self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool) -> HpcWork:
+    def _launch(self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool) -> dist.Work:
         self._seq += 1
-        work = HpcWork(post, outputs, (op, self, self._seq), self._timeout)
-        if async_op:
-            self._async_works = [w for w in self._async_works if not w._done]
-            self._async_works.append(work)
-            engine().submit(work)
+        if not async_op:
+            return complete_inline(post, (op, self, self._seq), self._timeout_s)
+        work = HpcWork(post, outputs, (op, self, self._seq), self._timeout_s)
+        self._async_works = [w for w in self._async_works if not w._done]
+        self._async_works.append(work)
+        engine().submit(work)
         return work
 
     def _precheck(self, op: str, **signature: object) -> None:

@@ -30,8 +30,10 @@ def check_tensor(op: str, arg: str, tensor: object, routes: Collection[str]) -> 
     """
     if not isinstance(tensor, torch.Tensor):
         raise fail(op, f"{arg} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.layout != torch.strided:
+    if tensor.layout is not torch.strided:
         raise fail(op, f"{arg} is a {tensor.layout} tensor; only dense (strided) tensors are supported")
+    if tensor.is_cpu and "cpu" in routes:
+        return tensor  # the common case, without the slower tensor.device lookup
     device = tensor.device.type
     if device not in routes:
         raise RuntimeError(
@@ -61,6 +63,11 @@ def check_tensors(op: str, arg: str, tensors: object, routes: Collection[str]) -
 
 def check_single(op: str, arg: str, tensors: object, routes: Collection[str]) -> torch.Tensor:
     """Unwrap torch's one-element tensor list, checking it has exactly one tensor."""
+    if type(tensors) is list and len(tensors) == 1:
+        tensor = tensors[0]
+        # Hot path of every small collective: a dense CPU tensor.
+        if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.layout is torch.strided and "cpu" in routes:
+            return tensor
     checked = check_tensors(op, arg, tensors, routes)
     if len(checked) != 1:
         raise fail(op, f"{arg} must hold exactly one tensor per process, got {len(checked)}")

@@ -5,8 +5,10 @@ posted (nonblocking MPI requests, say) plus local work to do once it lands
 (copying a staging buffer back, dividing for AVG). :class:`HpcWork` drives a
 Pending to completion from whichever thread gets there first:
 
-* the thread that calls :meth:`HpcWork.wait` polls it itself, so a blocking
-  collective never pays a hop to another thread;
+* a blocking collective (torch's ``asyncOp`` false) is driven inline by
+  :func:`complete_inline` on the calling thread, with no thread hop and no
+  per-call Work object: it returns the shared :data:`COMPLETED`;
+* the thread that calls :meth:`HpcWork.wait` polls it itself;
 * the progress engine (:mod:`hpccomm.progress`) polls asynchronous work that
   nobody is waiting on yet, so it overlaps with the caller's compute.
 
@@ -44,6 +46,73 @@ class CommTimeoutError(RuntimeError):
     """A collective or point-to-point operation did not complete in time."""
 
 
+def drive(pending: Pending, deadline: float) -> bool:
+    """Poll ``pending`` until its communication completes (True) or ``deadline`` passes."""
+    test = pending.test
+    polls = 0
+    while not test():
+        polls += 1
+        if polls % _POLLS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
+            return False
+    return True
+
+
+def timeout_error(label: tuple[str, Any, int], waited_s: float) -> CommTimeoutError:
+    """The error for an operation that did not complete within ``waited_s``."""
+    return CommTimeoutError(
+        f"hpccomm {describe(label)} did not complete within {waited_s:.1f} s; "
+        "a peer rank may not have joined this operation"
+    )
+
+
+def describe(label: tuple[str, Any, int]) -> str:
+    """'<op> #<seq> on group <name> (<n> ranks)' for a (op, group, seq) label."""
+    op, group, seq = label
+    return f"{op} #{seq} on {group.describe()}"
+
+
+def complete_inline(pending: Pending, label: tuple[str, Any, int], timeout_s: float) -> "CompletedWork":
+    """Drive a blocking operation to completion on this thread.
+
+    Raises:
+        CommTimeoutError: it did not complete within ``timeout_s``.
+    """
+    test = pending.test
+    if not test() and not test() and not drive(pending, time.monotonic() + timeout_s):
+        raise timeout_error(label, timeout_s)
+    pending.finish()
+    return COMPLETED
+
+
+class CompletedWork(dist.Work):
+    """The Work of a blocking operation, which has completed before it is returned.
+
+    torch's blocking API only calls ``wait()`` on it; one shared instance
+    saves a Work object per call on the latency-critical path.
+    """
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> BaseException | None:
+        return None
+
+    def get_future(self) -> Future:
+        raise RuntimeError(
+            "hpccomm: this operation ran blocking (async_op=False) and has completed; "
+            "pass async_op=True to get a Work with a future"
+        )
+
+
+COMPLETED = CompletedWork()
+
+
 class HpcWork(dist.Work):
     """Handle for one posted operation.
 
@@ -51,16 +120,16 @@ class HpcWork(dist.Work):
         pending: the posted communication and its follow-up.
         outputs: the tensors the operation writes; the future's value.
         label: (op name, group, sequence number), for error messages.
-        timeout: the group's timeout; bounds every wait on this work.
+        timeout_s: the group's timeout in seconds; bounds every wait on this work.
     """
 
-    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: tuple[str, Any, int], timeout: timedelta) -> None:
+    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: tuple[str, Any, int], timeout_s: float) -> None:
         super().__init__()
         self._pending = pending
         self._outputs = outputs
         self._label = label
-        self._timeout_s = timeout.total_seconds()
-        self._deadline = time.monotonic() + self._timeout_s
+        self._timeout_s = timeout_s
+        self._deadline = time.monotonic() + timeout_s
         # Re-entrant: a future callback run on completion may call wait().
         self._claim = threading.RLock()
         self._done = False
@@ -89,15 +158,6 @@ class HpcWork(dist.Work):
             self._claim.release()
         return self._done
 
-    def _drive_until(self, deadline: float) -> bool:
-        test = self._pending.test
-        polls = 0
-        while not test():
-            polls += 1
-            if polls % _POLLS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
-                return False
-        return True
-
     def _complete(self, error: BaseException | None) -> None:
         if error is None:
             try:
@@ -118,15 +178,7 @@ class HpcWork(dist.Work):
             future.set_exception(self._error)
 
     def _timeout_error(self, waited_s: float) -> CommTimeoutError:
-        return CommTimeoutError(
-            f"hpccomm {self.describe()} did not complete within {waited_s:.1f} s; "
-            "a peer rank may not have joined this operation"
-        )
-
-    def describe(self) -> str:
-        """'<op> #<seq> on group <name> (<n> ranks)'."""
-        op, group, seq = self._label
-        return f"{op} #{seq} on {group.describe()}"
+        return timeout_error(self._label, waited_s)
 
     # -- torch.distributed.Work API ---------------------------------------
 
@@ -145,7 +197,7 @@ class HpcWork(dist.Work):
                 limit = min(limit, time.monotonic() + waited)
             with self._claim:
                 if not self._done:
-                    if self._drive_until(limit):
+                    if drive(self._pending, limit):
                         self._complete(None)
                     elif limit >= self._deadline:
                         self._complete(self._timeout_error(self._timeout_s))

@@ -50,16 +50,29 @@ _lock = threading.Lock()
 _identity: Identity | None = None
 
 
+_MPI_MODULE: "_MPI | None" = None
+
+
 def mpi() -> "_MPI":
     """Import and initialise mpi4py's MPI module (once) and return it."""
+    if _MPI_MODULE is not None:
+        return _MPI_MODULE
+    return _import_mpi()
+
+
+def _import_mpi() -> "_MPI":
+    global _MPI_MODULE
+    import sys
+
     import mpi4py
 
-    if "mpi4py.MPI" not in __import__("sys").modules:
+    if "mpi4py.MPI" not in sys.modules:
         # Async work is driven from a background thread while the caller's
         # thread may post more; that needs MPI_THREAD_MULTIPLE.
         mpi4py.rc.thread_level = "multiple"
     from mpi4py import MPI
 
+    _MPI_MODULE = MPI
     return MPI
 
 

@@ -68,10 +68,21 @@ class MPIPending:
         return self._status.Get_source() if self._status is not None else -1
 
 
+class SinglePending:
+    """One posted MPI request with nothing to do afterwards: the common small case."""
+
+    __slots__ = ("test",)
+
+    def __init__(self, request: Any) -> None:
+        self.test = request.Test
+
+    def finish(self) -> None:
+        pass
+
+
 def _buffer(tensor: torch.Tensor) -> tuple[Any, Any]:
     """(buffer, datatype) over a contiguous tensor's memory."""
-    nbytes = tensor.numel() * tensor.element_size()
-    return (mpi().buffer.fromaddress(tensor.data_ptr(), nbytes), datatype(tensor.dtype))
+    return (mpi().buffer.fromaddress(tensor.data_ptr(), tensor.nbytes), datatype(tensor.dtype))
 
 
 def _vector(tensor: torch.Tensor, counts: Sequence[int]) -> list[Any]:
@@ -162,8 +173,12 @@ class MPITransport(Transport):
 
     # -- element-wise collectives ------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending:
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending:
         MPI = mpi()
+        if len(tensors) == 1 and reduction.plain:
+            tensor = tensors[0]
+            if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
+                return SinglePending(self._comm.Iallreduce(MPI.IN_PLACE, _buffer(tensor), reduction.mpi_op))
         requests: list[Any] = []
         after: list[Callable[[], None]] = []
         for tensor in tensors:

@@ -73,6 +73,11 @@ class Reduction:
     divide_by_size: bool = False
     premul_factor: float | torch.Tensor | None = None
 
+    @property
+    def plain(self) -> bool:
+        """True when MPI's op alone gives the result (no AVG, no PREMUL_SUM)."""
+        return not self.divide_by_size and self.premul_factor is None
+
 
 def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
     """Map ``reduce_op`` on ``dtype`` to a :class:`Reduction`.

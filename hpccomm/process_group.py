@@ -124,6 +124,11 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
 
+    @property
+    def closed(self) -> str | None:
+        """'aborted' or 'shut down' once the group has ended, else None."""
+        return self._closed
+
     def describe(self) -> str:
         """'group NAME (N ranks)', for messages."""
         return f"group '{self._group_name or '?'}' ({self._size} ranks)"
@@ -140,11 +145,21 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         # tensor.is_cpu costs a seventh of tensor.device.type
         return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
 
-    def _launch(self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool) -> dist.Work:
+    def _launch(
+        self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool, peer: int | None = -1
+    ) -> dist.Work:
+        """Complete ``post`` inline, or wrap it in an HpcWork for the progress engine.
+
+        ``peer`` is the group rank a point-to-point op waits for (None: any
+        rank, so no single departure dooms it); -1, for collectives, means the
+        whole group.
+        """
         self._seq += 1
+        peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
+        label = (op, self, self._seq, peers)
         if not async_op:
-            return complete_inline(post, (op, self, self._seq), self._timeout_s)
-        work = HpcWork(post, outputs, (op, self, self._seq), self._timeout_s)
+            return complete_inline(post, label, self._timeout_s)
+        work = HpcWork(post, outputs, label, self._timeout_s)
         self._async_works = [w for w in self._async_works if not w._done]
         self._async_works.append(work)
         engine().submit(work)
@@ -384,7 +399,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         if tag < 0:
             raise check.fail("send", f"tag={tag} must be non-negative")
         transport = self._route("send", tensor)
-        return self._launch("send", transport.send(tensor, peer, tag), tensors, True)
+        return self._launch("send", transport.send(tensor, peer, tag), tensors, True, peer)
 
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
         tensor = check.check_single("recv", "tensor", tensors, self._transports)
@@ -392,14 +407,14 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         if tag < 0:
             raise check.fail("recv", f"tag={tag} must be non-negative")
         transport = self._route("recv", tensor)
-        return self._launch("recv", transport.recv(tensor, peer, tag), tensors, True)
+        return self._launch("recv", transport.recv(tensor, peer, tag), tensors, True, peer)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
         tensor = check.check_single("recv", "tensor", tensors, self._transports)
         if tag < 0:
             raise check.fail("recv", f"tag={tag} must be non-negative")
         transport = self._route("recv", tensor)
-        return self._launch("recv", transport.recv(tensor, None, tag), tensors, True)
+        return self._launch("recv", transport.recv(tensor, None, tag), tensors, True, None)
 
     # -- lifetime ----------------------------------------------------------------
 
@@ -413,17 +428,22 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._async_works = []
 
     def shutdown(self) -> None:
-        """Release the group's transports; later calls raise."""
+        """End the group: pending work fails, later calls raise, resources are released."""
         self._close("shut down")
 
     def abort(self) -> None:
-        """End the group now without waiting for pending work; later calls raise."""
+        """End the group now: pending work fails at once, later calls raise."""
         self._close("aborted")
 
     def _close(self, how: str) -> None:
         if self._closed is not None:
             return
         self._closed = how
+        # Waiters and the progress thread notice `closed` within a few polls
+        # and fail their work; polling here fails work nobody is driving.
+        for work in self._async_works:
+            work.poll()
+        self._async_works = []
         for transport in self._transports.values():
             transport.close()
         if self._debug is not None:

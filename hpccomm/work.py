@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
+from . import failure
+
 # Poll this many times between clock reads: reading the clock costs more
 # than a poll of a request that is about to complete.
 _POLLS_PER_CLOCK_READ = 256
@@ -46,18 +48,40 @@ class CommTimeoutError(RuntimeError):
     """A collective or point-to-point operation did not complete in time."""
 
 
-def drive(pending: Pending, deadline: float) -> bool:
-    """Poll ``pending`` until its communication completes (True) or ``deadline`` passes."""
+Label = tuple  # (op name, group, sequence number, peer world ranks or None for the whole group)
+
+
+def drive(pending: Pending, deadline: float, label: Label) -> bool:
+    """Poll ``pending`` until its communication completes (True) or ``deadline`` passes.
+
+    Raises:
+        PeerExitedError: a rank the operation needs has left the job.
+        GroupClosedError: the group was aborted or shut down meanwhile.
+    """
     test = pending.test
     polls = 0
     while not test():
         polls += 1
-        if polls % _POLLS_PER_CLOCK_READ == 0 and time.monotonic() > deadline:
-            return False
+        if polls % _POLLS_PER_CLOCK_READ == 0:
+            if time.monotonic() > deadline:
+                return False
+            check_abandoned(label)
     return True
 
 
-def timeout_error(label: tuple[str, Any, int], waited_s: float) -> CommTimeoutError:
+class GroupClosedError(RuntimeError):
+    """The operation's group was aborted or shut down while it was pending."""
+
+
+def check_abandoned(label: Label) -> None:
+    """Raise if the operation can no longer complete: its group closed, or a peer left."""
+    _op, group, _seq, peers = label
+    if group.closed is not None:
+        raise GroupClosedError(f"hpccomm {describe(label)}: the group was {group.closed} while this operation was pending")
+    failure.check_peers(group.global_ranks() if peers is None else peers, describe(label))
+
+
+def timeout_error(label: Label, waited_s: float) -> CommTimeoutError:
     """The error for an operation that did not complete within ``waited_s``."""
     return CommTimeoutError(
         f"hpccomm {describe(label)} did not complete within {waited_s:.1f} s; "
@@ -65,20 +89,21 @@ def timeout_error(label: tuple[str, Any, int], waited_s: float) -> CommTimeoutEr
     )
 
 
-def describe(label: tuple[str, Any, int]) -> str:
-    """'<op> #<seq> on group <name> (<n> ranks)' for a (op, group, seq) label."""
-    op, group, seq = label
+def describe(label: Label) -> str:
+    """'<op> #<seq> on group <name> (<n> ranks)'."""
+    op, group, seq, _peers = label
     return f"{op} #{seq} on {group.describe()}"
 
 
-def complete_inline(pending: Pending, label: tuple[str, Any, int], timeout_s: float) -> "CompletedWork":
+def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "CompletedWork":
     """Drive a blocking operation to completion on this thread.
 
     Raises:
         CommTimeoutError: it did not complete within ``timeout_s``.
+        PeerExitedError: a rank it needs has left the job.
     """
     test = pending.test
-    if not test() and not test() and not drive(pending, time.monotonic() + timeout_s):
+    if not test() and not test() and not drive(pending, time.monotonic() + timeout_s, label):
         raise timeout_error(label, timeout_s)
     pending.finish()
     return COMPLETED
@@ -119,11 +144,11 @@ class HpcWork(dist.Work):
     Args:
         pending: the posted communication and its follow-up.
         outputs: the tensors the operation writes; the future's value.
-        label: (op name, group, sequence number), for error messages.
+        label: (op name, group, sequence number, peers), for error messages.
         timeout_s: the group's timeout in seconds; bounds every wait on this work.
     """
 
-    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: tuple[str, Any, int], timeout_s: float) -> None:
+    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: Label, timeout_s: float) -> None:
         super().__init__()
         self._pending = pending
         self._outputs = outputs
@@ -154,6 +179,11 @@ class HpcWork(dist.Work):
                     self._complete(None)
                 elif time.monotonic() > self._deadline:
                     self._complete(self._timeout_error(self._timeout_s))
+                else:
+                    try:
+                        check_abandoned(self._label)
+                    except (failure.PeerExitedError, GroupClosedError) as exc:
+                        self._complete(exc)
         finally:
             self._claim.release()
         return self._done
@@ -197,7 +227,12 @@ class HpcWork(dist.Work):
                 limit = min(limit, time.monotonic() + waited)
             with self._claim:
                 if not self._done:
-                    if drive(self._pending, limit):
+                    try:
+                        finished = drive(self._pending, limit, self._label)
+                    except (failure.PeerExitedError, GroupClosedError) as exc:
+                        self._complete(exc)
+                        raise
+                    if finished:
                         self._complete(None)
                     elif limit >= self._deadline:
                         self._complete(self._timeout_error(self._timeout_s))

@@ -85,6 +85,9 @@ def identity() -> Identity:
         if _identity is None:
             _identity = _discover()
             _export_env(_identity)
+            from . import failure
+
+            failure.install(_identity.rank, _identity.world_size)
     return _identity
 
 

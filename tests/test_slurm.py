@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import venv
+import warnings
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,14 @@ JOB_TIMEOUT_S = 300          # from submission to a final state, per job
 SUBMIT_TIMEOUT_S = 60
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
                    "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"}
+
+# Slurm 22.05's pmi2 plugin parses a PMI-1 request from ONE read() of the task's socket (its
+# source says "TODO: read until newline"). MPICH's PMI-1 client puts its UCX address in ~1 KB
+# lines; when such a line arrives in two pieces, slurmstepd logs this, drops the request and the
+# ranks wait in MPI_Init forever. Seen in 2 of about 30 MPICH jobs on this busy 2-core machine
+# (never with Open MPI, which uses PMIx). Not an hpccomm or template fault: such a job is
+# resubmitted once, with a warning.
+SLURM_PMI1_RACE = "mpi/pmi2: value not properly terminated in client request"
 
 # The cluster: 2 nodes, 8 CPUs and 2 fake GPUs each (CPUs above the real core count are fine:
 # the jobs are tiny, and 8 lets all jobs of the module run at the same time).
@@ -127,10 +136,18 @@ class Cluster:
         return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
 
     def wait(self, job_id: str, submitted_at: float) -> dict[str, str]:
-        """Poll until the job reaches a final state; on timeout cancel it and fail."""
+        """Poll until the job reaches a final state; on timeout cancel it and fail. A job hit
+        by Slurm's PMI-1 read race (see SLURM_PMI1_RACE) hangs in MPI_Init: cancel it at
+        once (the caller resubmits)."""
         while True:
             info = self.job_info(job_id)
             if info.get("JobState") in TERMINAL_STATES:
+                return info
+            if SLURM_PMI1_RACE in _read(info.get("StdOut")):
+                self.run(["scancel", job_id], timeout=30)
+                while info.get("JobState") not in TERMINAL_STATES:
+                    time.sleep(0.5)
+                    info = self.job_info(job_id)
                 return info
             if time.monotonic() - submitted_at > JOB_TIMEOUT_S:
                 self.run(["scancel", job_id], timeout=30)
@@ -250,32 +267,38 @@ def bare_venv(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def jobs(cluster, bare_venv):
-    """Submit every job of the module at once: {name: (job id, submit time)}."""
+    """Submit every job of the module at once: {name: [job id, submit time, resubmit]}."""
     submitted = {}
+
+    def submit(name, *args, **kw):
+        def again():
+            return cluster.submit(*args, **kw)
+        submitted[name] = [again(), time.monotonic(), again]
+
     for template, (opts, args, _, _) in GOOD_JOBS.items():
-        submitted[template] = (cluster.submit(template, str(WORKLOAD), *args, sbatch_opts=opts),
-                               time.monotonic())
+        submit(template, template, str(WORKLOAD), *args, sbatch_opts=opts)
     # Bad input: must end at once, FAILED, with a clear message.
-    submitted["missing_script"] = (
-        cluster.submit("multi_node_cpu", str(cluster.jobs_dir / "no_such_script.py")),
-        time.monotonic())
-    submitted["no_hpccomm"] = (
-        cluster.submit("multi_node_cpu", str(WORKLOAD),
-                       env=dict(cluster.env, HPCCOMM_VENV=str(bare_venv))),
-        time.monotonic())
+    submit("missing_script", "multi_node_cpu", str(cluster.jobs_dir / "no_such_script.py"))
+    submit("no_hpccomm", "multi_node_cpu", str(WORKLOAD),
+           env=dict(cluster.env, HPCCOMM_VENV=str(bare_venv)))
     # The wrong PMI plugin starts 4 singleton worlds that would all "succeed": the workload's
     # own assertions must turn that into a failed job.
-    submitted["wrong_plugin"] = (
-        cluster.submit("multi_node_cpu", str(WORKLOAD), "--world-size", "4", "--nodes", "2",
-                       env=dict(cluster.env, HPCCOMM_SRUN_MPI="none")),
-        time.monotonic())
+    submit("wrong_plugin", "multi_node_cpu", str(WORKLOAD), "--world-size", "4", "--nodes", "2",
+           env=dict(cluster.env, HPCCOMM_SRUN_MPI="none"))
     return submitted
 
 
 def _finished(cluster, jobs, name):
-    job_id, t0 = jobs[name]
+    job_id, t0, resubmit = jobs[name]
     info = cluster.wait(job_id, t0)
-    return info, _read(info.get("StdOut"))
+    out = _read(info.get("StdOut"))
+    if SLURM_PMI1_RACE in out:
+        warnings.warn(f"job {job_id} ({name}) hit Slurm's PMI-1 read race; resubmitting once")
+        job_id = resubmit()
+        jobs[name][:2] = [job_id, time.monotonic()]
+        info = cluster.wait(job_id, jobs[name][1])
+        out = _read(info.get("StdOut"))
+    return info, out
 
 
 def _rankinfo(output: str) -> list[dict[str, str]]:
@@ -396,7 +419,7 @@ def test_template_without_environment_or_script_fails(tmp_path):
 
 @pytest.mark.parametrize("opts", [
     ["--nodes=3"],
-    [f"--nodes=2", f"--gpus-per-node={GPUS_PER_NODE + 1}"],
+    ["--nodes=2", f"--gpus-per-node={GPUS_PER_NODE + 1}"],
     ["--nodes=1", f"--ntasks-per-node={CPUS_PER_NODE + 1}"],
 ], ids=["nodes", "gpus", "cpus"])
 def test_oversized_job_fails_at_submit(cluster, opts):

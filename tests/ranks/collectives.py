@@ -7,79 +7,16 @@ Run under any number of ranks; usage: collectives.py [name-filter].
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
+from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, torch_op, valid_ops, value
 from rankcheck import check, expect_error, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-Op = dist.ReduceOp
-
-FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-INTS = [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64]
-COMPLEX = [torch.complex64, torch.complex128]
-ALL = [*FLOATS, *INTS, torch.bool, *COMPLEX]
-NUMEL = 7  # odd, so no size divides it by accident
-
-
-def value(rank: int, dtype: torch.dtype, numel: int = NUMEL, small: bool = False) -> torch.Tensor:
-    """Rank ``rank``'s input: distinct per rank and exact in every dtype."""
-    idx = torch.arange(numel)
-    if dtype == torch.bool:
-        return (idx + rank) % 2 == 0
-    base = (idx + rank) % 2 + 1 if small else (idx % 3) + rank + 1
-    if dtype.is_complex:
-        return torch.complex(base.double(), (base % 2).double()).to(dtype)
-    return base.to(dtype)
-
-
-def combine(op: object, dtype: torch.dtype, tensors: list[torch.Tensor], factor: float = 2.0) -> torch.Tensor:
-    """What reducing ``tensors`` with ``op`` must give."""
-    if dtype == torch.bool:
-        any_, all_ = functools.reduce(torch.logical_or, tensors), functools.reduce(torch.logical_and, tensors)
-        parity = functools.reduce(torch.logical_xor, tensors)
-        return {Op.SUM: any_, Op.MAX: any_, Op.BOR: any_, Op.PRODUCT: all_, Op.MIN: all_, Op.BAND: all_, Op.BXOR: parity}[op]
-    fold = {
-        Op.SUM: torch.add, Op.AVG: torch.add, Op.PRODUCT: torch.mul, Op.MIN: torch.minimum,
-        Op.MAX: torch.maximum, Op.BAND: torch.bitwise_and, Op.BOR: torch.bitwise_or, Op.BXOR: torch.bitwise_xor,
-        "premul": torch.add,
-    }[op]
-    if op == "premul":
-        tensors = [t * factor for t in tensors]
-    out = functools.reduce(fold, tensors)
-    if op == Op.AVG:
-        out = out / SIZE if (dtype.is_floating_point or dtype.is_complex) else torch.div(out, SIZE, rounding_mode="trunc")
-    return out.to(dtype)
-
-
-def valid_ops(dtype: torch.dtype) -> list[object]:
-    if dtype == torch.bool:
-        return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.BAND, Op.BOR, Op.BXOR]
-    if dtype.is_complex:
-        # torch itself refuses PRODUCT/MIN/MAX/bitwise on complex before the backend sees it
-        return [Op.SUM, Op.AVG, "premul"]
-    if dtype.is_floating_point:
-        return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, "premul"]
-    return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, Op.BAND, Op.BOR, Op.BXOR]
-
-
-def invalid_ops(dtype: torch.dtype) -> list[object]:
-    everything = [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.AVG, Op.BAND, Op.BOR, Op.BXOR, "premul"]
-    return [op for op in everything if op not in valid_ops(dtype)]
-
-
-def torch_op(op: object) -> object:
-    return dist._make_nccl_premul_sum(2.0) if op == "premul" else op
-
-
-def inputs(dtype: torch.dtype, op: object, numel: int = NUMEL) -> list[torch.Tensor]:
-    small = op == Op.PRODUCT
-    return [value(r, dtype, numel, small) for r in range(SIZE)]
-
 
 def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
@@ -94,7 +31,7 @@ def all_reduce_every_dtype_and_op() -> None:
     for dtype in ALL:
         for op in valid_ops(dtype):
             for async_op in (False, True):
-                ins = inputs(dtype, op)
+                ins = inputs(dtype, op, SIZE)
                 t = ins[RANK].clone()
                 work = dist.all_reduce(t, op=torch_op(op), async_op=async_op)
                 if async_op:
@@ -120,7 +57,7 @@ def reduce_every_dtype_and_op_to_every_root() -> None:
     for dtype in ALL:
         for op in valid_ops(dtype):
             for root in range(SIZE):
-                ins = inputs(dtype, op)
+                ins = inputs(dtype, op, SIZE)
                 t = ins[RANK].clone()
                 dist.reduce(t, dst=root, op=torch_op(op))
                 expected = combine(op, dtype, ins) if RANK == root else ins[RANK]
@@ -142,7 +79,7 @@ def reduce_scatter_list_every_dtype_and_op() -> None:
 def reduce_scatter_tensor_every_dtype_and_op() -> None:
     for dtype in ALL:
         for op in valid_ops(dtype):
-            ins = inputs(dtype, op, NUMEL * SIZE)
+            ins = inputs(dtype, op, SIZE, NUMEL * SIZE)
             out = torch.empty(NUMEL, dtype=dtype)
             dist.reduce_scatter_tensor(out, ins[RANK].clone(), op=torch_op(op))
             mine = [t[RANK * NUMEL : (RANK + 1) * NUMEL] for t in ins]

@@ -1,0 +1,116 @@
+"""Failing fast: when one rank dies, the job ends within seconds and says why.
+
+The classic MPI failure is a job that hangs until its allocation runs out: a
+rank raises and then blocks in ``MPI_Finalize`` (which synchronises with the
+others) while the others block in a collective it will never join. hpccomm
+breaks that cycle in two ways, installed when MPI starts in a job of more
+than one rank:
+
+* an uncaught exception prints the traceback, then "hpccomm: rank R: ...
+  aborting the job" and calls ``MPI_Abort``, so the launcher ends every rank
+  and exits non-zero (the pattern of ``python -m mpi4py``);
+* every rank that exits, for any reason (``sys.exit(3)`` included), first tells
+  the others on a private communicator. A rank waiting on an operation whose
+  group contains a departed rank raises :class:`PeerExitedError` naming it,
+  instead of waiting out the timeout. A rank killed outright (SIGKILL) is
+  noticed by the launcher itself, which ends the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import time
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from .world import mpi
+
+_BYE_TAG = 7
+#: Before MPI_Abort: time for the launcher to forward this rank's last output,
+#: which an abort would otherwise cut off.
+_FLUSH_S = 0.5
+#: After a peer's goodbye, how long a pending op may still complete: its data
+#: can be in flight on another channel when the goodbye arrives.
+GRACE_S = 1.0
+
+_control: Any = None
+_rank = -1
+_departed: set[int] = set()
+_first_seen: dict[int, float] = {}
+_goodbyes: list[Any] = []
+
+
+class PeerExitedError(RuntimeError):
+    """A rank this operation needs has left the job."""
+
+
+def install(rank: int, world_size: int) -> None:
+    """Arm fail-fast for this process (idempotent; nothing for a world of one)."""
+    global _control, _rank
+    if _control is not None or world_size < 2:
+        return
+    _rank = rank
+    _control = mpi().COMM_WORLD.Dup()
+    sys.excepthook = _aborting_hook(sys.excepthook)
+    atexit.register(_say_goodbye, world_size)
+
+
+def _aborting_hook(previous: Any) -> Any:
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        # torch's init_process_group wraps this hook and points sys.stderr at
+        # a buffer while it runs, so write to the real stderr ourselves.
+        lines = traceback.format_exception(kind, value, tb)
+        report = "".join(f"[rank{_rank}]: {line}" for line in "".join(lines).splitlines(keepends=True))
+        err = sys.__stderr__
+        err.write(report)
+        err.write(f"hpccomm: rank {_rank}: uncaught {kind.__name__}: {value}; aborting the job\n")
+        err.flush()
+        sys.stdout.flush()
+        time.sleep(_FLUSH_S)
+        mpi().COMM_WORLD.Abort(1)
+
+    del previous  # replaced: printing and then aborting is the whole job
+    return hook
+
+
+def _say_goodbye(world_size: int) -> None:
+    MPI = mpi()
+    if MPI.Is_finalized():
+        return
+    token = bytearray(b"\x01")
+    for peer in range(world_size):
+        if peer != _rank:
+            _goodbyes.append(_control.Isend((token, MPI.BYTE), peer, _BYE_TAG))
+
+
+def check_peers(ranks: Iterable[int], what: str) -> None:
+    """Raise PeerExitedError if a rank in ``ranks`` left over GRACE_S ago.
+
+    Args:
+        ranks: world ranks the pending operation needs.
+        what: the operation, for the message.
+    """
+    if _control is None:
+        return
+    _collect_goodbyes()
+    if not _departed:
+        return
+    now = time.monotonic()
+    gone = sorted(r for r in ranks if r in _departed and now - _first_seen[r] > GRACE_S)
+    if gone:
+        raise PeerExitedError(
+            f"hpccomm {what}: rank(s) {', '.join(map(str, gone))} left the job while this "
+            "operation waited for them; see that rank's output for the cause"
+        )
+
+
+def _collect_goodbyes() -> None:
+    MPI = mpi()
+    status = MPI.Status()
+    while _control.Iprobe(MPI.ANY_SOURCE, _BYE_TAG, status):
+        source = status.Get_source()
+        _control.Recv((bytearray(1), MPI.BYTE), source, _BYE_TAG)
+        _departed.add(source)
+        _first_seen.setdefault(source, time.monotonic())

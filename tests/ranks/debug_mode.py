@@ -1,0 +1,37 @@
+"""Debug mode (HPCCOMM_DEBUG=1): mismatched calls raise on every rank with a table.
+
+Usage: debug_mode.py <dtype|shape|op|root>
+Rank 1 calls with a different <what> than the others.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from hpccomm.debug import CollectiveMismatchError
+
+what = sys.argv[1]
+dist.init_process_group("hpccomm")
+rank, size = dist.get_rank(), dist.get_world_size()
+odd = rank == 1
+try:
+    if what == "dtype":
+        dist.all_reduce(torch.ones(4, dtype=torch.float64 if odd else torch.float32))
+    elif what == "shape":
+        dist.all_reduce(torch.ones(5 if odd else 4))
+    elif what == "op":
+        dist.all_reduce(torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    elif what == "root":
+        dist.broadcast(torch.ones(4), src=1 if odd else 0)
+    print(f"UNEXPECTED rank={rank}: mismatch not detected", flush=True)
+except CollectiveMismatchError as exc:
+    print(f"MISMATCH rank={rank} first-line={str(exc).splitlines()[0]}", flush=True)
+    print(str(exc), flush=True)
+t = torch.ones(2)
+dist.all_reduce(t)  # nothing was posted: the group is still usable
+assert t[0].item() == size
+print(f"OK rank={rank}", flush=True)
+dist.destroy_process_group()

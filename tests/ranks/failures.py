@@ -1,0 +1,77 @@
+"""Rank failures and stuck collectives; usage: failures.py <mode> [timeout_s].
+
+Rank 1 misbehaves in the way <mode> names while the others run an
+all_reduce that needs it:
+    raise: an uncaught exception.
+    exit3: sys.exit(3).
+    sigkill: os.kill(os.getpid(), SIGKILL).
+    skip: rank 1 skips one all_reduce; the others must time out with a clear
+          error, then destroy and exit without hanging.
+    abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
+          subgroup: the pending work fails at once, later calls raise, exit is clean.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import timedelta
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from hpccomm.work import CommTimeoutError
+
+mode = sys.argv[1]
+timeout_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+dist.init_process_group("hpccomm", timeout=timedelta(seconds=timeout_s))
+rank, size = dist.get_rank(), dist.get_world_size()
+t = torch.ones(4)
+dist.all_reduce(t)  # everyone is up
+print(f"READY rank={rank} t={time.time():.3f}", flush=True)
+
+if rank == 1 and mode == "raise":
+    raise ValueError("rank 1 fails on purpose")
+if rank == 1 and mode == "exit3":
+    sys.exit(3)
+if rank == 1 and mode == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+
+if mode == "skip":
+    start = time.monotonic()
+    if rank != 1:
+        try:
+            dist.all_reduce(t)
+            print(f"UNEXPECTED rank={rank}: all_reduce completed", flush=True)
+        except CommTimeoutError as exc:
+            print(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}", flush=True)
+    dist.destroy_process_group()
+    print(f"EXITED rank={rank}", flush=True)
+    sys.exit(0)
+
+if mode == "abort":
+    group = dist.new_group(list(range(size)))
+    if rank != 1:
+        work = dist.all_reduce(torch.ones(4), group=group, async_op=True)
+        time.sleep(0.5)
+        start = time.monotonic()
+        group.abort()
+        try:
+            work.wait()
+            print(f"UNEXPECTED rank={rank}: aborted work completed", flush=True)
+        except RuntimeError as exc:
+            print(f"ABORTED rank={rank} after={time.monotonic() - start:.2f} msg={exc}", flush=True)
+        try:
+            dist.all_reduce(torch.ones(1), group=group)
+            print(f"UNEXPECTED rank={rank}: call on an aborted group worked", flush=True)
+        except RuntimeError as exc:
+            print(f"REFUSED rank={rank} msg={exc}", flush=True)
+    dist.barrier()  # the world group is unaffected
+    dist.destroy_process_group()
+    print(f"EXITED rank={rank}", flush=True)
+    sys.exit(0)
+
+dist.all_reduce(t)  # rank 1 never arrives
+print(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1", flush=True)

@@ -5,8 +5,8 @@ all_reduce that needs it:
     raise: an uncaught exception.
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
-    skip: rank 1 skips one all_reduce; the others must time out with a clear
-          error, then destroy and exit without hanging.
+    skip: rank 1 skips one all_reduce but stays alive; the others must time
+          out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
           subgroup: the pending work fails at once, later calls raise, exit is clean.
 """
@@ -47,6 +47,8 @@ if mode == "skip":
             print(f"UNEXPECTED rank={rank}: all_reduce completed", flush=True)
         except CommTimeoutError as exc:
             print(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}", flush=True)
+    else:
+        time.sleep(timeout_s + 2)  # alive but absent: the others must time out, not see an exit
     dist.destroy_process_group()
     print(f"EXITED rank={rank}", flush=True)
     sys.exit(0)

@@ -13,10 +13,12 @@ configuration and limits.
 
 from __future__ import annotations
 
+from .config import apply_mpi_library_defaults
 from .registration import register
 from .world import Identity, identity
 
 __all__ = ["Identity", "identity", "register", "__version__"]
 __version__ = "0.1.0"
 
+apply_mpi_library_defaults()
 register()

@@ -25,6 +25,8 @@ import shutil
 import sys
 from collections.abc import Sequence
 
+from .config import apply_mpi_library_defaults
+
 _OPENMPI_SINGLE_NODE_ENV = {
     "OMPI_MCA_btl": "self,sm",
     "OMPI_MCA_pml": "ob1",
@@ -74,6 +76,7 @@ def build_command(nprocs: int, command: Sequence[str], env: dict[str, str]) -> l
         command: the program and its arguments.
         env: the environment the launcher will get; defaults are added to it.
     """
+    apply_mpi_library_defaults(env)
     flavour = mpi_flavour()
     if env.get("SLURM_JOB_ID") and shutil.which("srun"):
         plugin = env.get("HPCCOMM_SRUN_MPI") or ("pmix" if flavour == "openmpi" else "pmi2")

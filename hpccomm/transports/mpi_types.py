@@ -151,6 +151,9 @@ def _half_op(kind: Any, dtype: torch.dtype) -> Any:
     kernel = _HALF_KERNELS[kind]
 
     def reduce_words(inbuf: Any, outbuf: Any, _datatype: Any) -> None:
-        kernel(torch.frombuffer(outbuf, dtype=dtype), torch.frombuffer(inbuf, dtype=dtype))
+        # Some algorithms (Open MPI's Rabenseifner) hand over empty chunks,
+        # which torch.frombuffer refuses.
+        if len(outbuf):
+            kernel(torch.frombuffer(outbuf, dtype=dtype), torch.frombuffer(inbuf, dtype=dtype))
 
     return mpi().Op.Create(reduce_words, commute=True)

@@ -3,6 +3,7 @@
 import os
 
 from mpi4py import MPI
+from rankcheck import say
 
 allowed = len(os.sched_getaffinity(0))
-print(f"AFFINITY rank={MPI.COMM_WORLD.rank} cpus={allowed} of={os.cpu_count()}", flush=True)
+say(f"AFFINITY rank={MPI.COMM_WORLD.rank} cpus={allowed} of={os.cpu_count()}")

@@ -12,6 +12,7 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from hpccomm.debug import CollectiveMismatchError
+from rankcheck import say
 
 what = sys.argv[1]
 dist.init_process_group("hpccomm")
@@ -26,12 +27,12 @@ try:
         dist.all_reduce(torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
     elif what == "root":
         dist.broadcast(torch.ones(4), src=1 if odd else 0)
-    print(f"UNEXPECTED rank={rank}: mismatch not detected", flush=True)
+    say(f"UNEXPECTED rank={rank}: mismatch not detected")
 except CollectiveMismatchError as exc:
-    print(f"MISMATCH rank={rank} first-line={str(exc).splitlines()[0]}", flush=True)
+    say(f"MISMATCH rank={rank} first-line={str(exc).splitlines()[0]}")
     print(str(exc), flush=True)
 t = torch.ones(2)
 dist.all_reduce(t)  # nothing was posted: the group is still usable
 assert t[0].item() == size
-print(f"OK rank={rank}", flush=True)
+say(f"OK rank={rank}")
 dist.destroy_process_group()

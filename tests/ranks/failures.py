@@ -23,6 +23,7 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from hpccomm.work import CommTimeoutError
+from rankcheck import say
 
 mode = sys.argv[1]
 timeout_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
@@ -30,7 +31,7 @@ dist.init_process_group("hpccomm", timeout=timedelta(seconds=timeout_s))
 rank, size = dist.get_rank(), dist.get_world_size()
 t = torch.ones(4)
 dist.all_reduce(t)  # everyone is up
-print(f"READY rank={rank} t={time.time():.3f}", flush=True)
+say(f"READY rank={rank} t={time.time():.3f}")
 
 if rank == 1 and mode == "raise":
     raise ValueError("rank 1 fails on purpose")
@@ -44,13 +45,13 @@ if mode == "skip":
     if rank != 1:
         try:
             dist.all_reduce(t)
-            print(f"UNEXPECTED rank={rank}: all_reduce completed", flush=True)
+            say(f"UNEXPECTED rank={rank}: all_reduce completed")
         except CommTimeoutError as exc:
-            print(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}", flush=True)
+            say(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
     else:
         time.sleep(timeout_s + 2)  # alive but absent: the others must time out, not see an exit
     dist.destroy_process_group()
-    print(f"EXITED rank={rank}", flush=True)
+    say(f"EXITED rank={rank}")
     sys.exit(0)
 
 if mode == "abort":
@@ -62,18 +63,18 @@ if mode == "abort":
         group.abort()
         try:
             work.wait()
-            print(f"UNEXPECTED rank={rank}: aborted work completed", flush=True)
+            say(f"UNEXPECTED rank={rank}: aborted work completed")
         except RuntimeError as exc:
-            print(f"ABORTED rank={rank} after={time.monotonic() - start:.2f} msg={exc}", flush=True)
+            say(f"ABORTED rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
         try:
             dist.all_reduce(torch.ones(1), group=group)
-            print(f"UNEXPECTED rank={rank}: call on an aborted group worked", flush=True)
+            say(f"UNEXPECTED rank={rank}: call on an aborted group worked")
         except RuntimeError as exc:
-            print(f"REFUSED rank={rank} msg={exc}", flush=True)
+            say(f"REFUSED rank={rank} msg={exc}")
     dist.barrier()  # the world group is unaffected
     dist.destroy_process_group()
-    print(f"EXITED rank={rank}", flush=True)
+    say(f"EXITED rank={rank}")
     sys.exit(0)
 
 dist.all_reduce(t)  # rank 1 never arrives
-print(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1", flush=True)
+say(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1")

@@ -14,6 +14,7 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from expected import ALL, Op, combine, torch_op, valid_ops, value
+from rankcheck import say
 
 OPS = {"sum": Op.SUM, "product": Op.PRODUCT, "min": Op.MIN, "max": Op.MAX, "avg": Op.AVG,
        "band": Op.BAND, "bor": Op.BOR, "bxor": Op.BXOR, "premul": "premul"}
@@ -76,6 +77,6 @@ for i, spec in enumerate(program):
             dtype = ALL[spec["dtype"]]
             if OPS[spec["op"]] in valid_ops(dtype) and 0 <= spec["root"] < size:
                 raise AssertionError(f"valid op {spec} raised {exc!r}") from exc
-    print(f"OP rank={rank} i={i} {outcome}", flush=True)
+    say(f"OP rank={rank} i={i} {outcome}")
 dist.destroy_process_group()
-print(f"DONE rank={rank}", flush=True)
+say(f"DONE rank={rank}")

@@ -3,6 +3,7 @@
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from rankcheck import say
 
 dist.init_process_group("hpccomm")
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -16,5 +17,5 @@ t.fill_(rank)
 t[-2] = 7 if rank == 0 else 0
 dist.broadcast(t, src=0)
 assert t[-2].item() == 7 and t[2**31].item() == 0 and t[5].item() == 0
-print(f"OK rank={rank} numel={n}", flush=True)
+say(f"OK rank={rank} numel={n}")
 dist.destroy_process_group()

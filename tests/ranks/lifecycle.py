@@ -13,6 +13,7 @@ import sys
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from rankcheck import say
 
 mode = sys.argv[1]
 dist.init_process_group("hpccomm")
@@ -24,4 +25,4 @@ if mode == "pending-async":
     works = [dist.all_reduce(torch.ones(1 << 14), async_op=True) for _ in range(8)]
 elif mode == "destroy":
     dist.destroy_process_group()
-print(f"EXITING rank={rank} mode={mode}", flush=True)
+say(f"EXITING rank={rank} mode={mode}")

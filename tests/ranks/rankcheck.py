@@ -15,6 +15,12 @@ from collections.abc import Callable
 _checks: list[tuple[str, Callable[[], None]]] = []
 
 
+def say(line: str) -> None:
+    """Print one marker line in a single write, so launchers never interleave it with another rank's."""
+    sys.stdout.flush()
+    os.write(1, (line + "\n").encode())
+
+
 def check(fn: Callable[[], None]) -> Callable[[], None]:
     """Register ``fn`` as a check."""
     _checks.append((fn.__name__, fn))
@@ -34,13 +40,13 @@ def run_all(rank: int, only: str | None = None) -> None:
         except Exception as exc:  # reported, then the run fails
             failures += 1
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            print(f"FAIL rank={rank} {name}: {detail}", flush=True)
+            say(f"FAIL rank={rank} {name}: {detail}")
             if os.environ.get("RANKCHECK_TRACE"):
                 traceback.print_exc()
     if failures:
-        print(f"FAILED rank={rank} failures={failures} of {ran}", flush=True)
+        say(f"FAILED rank={rank} failures={failures} of {ran}")
         sys.exit(1)
-    print(f"OK rank={rank} checks={ran}", flush=True)
+    say(f"OK rank={rank} checks={ran}")
 
 
 def expect_error(kind: type[BaseException], fragment: str, fn: Callable[[], object]) -> BaseException:

@@ -16,6 +16,7 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from rankcheck import say
 
 mode = sys.argv[1]
 rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
@@ -56,7 +57,7 @@ if mode in ("wrong-rank", "wrong-world-size"):
         wrong = kwargs["rank"] if mode == "wrong-rank" else kwargs["world_size"]
         right = rank if mode == "wrong-rank" else size
         assert str(wrong) in str(exc) and str(right) in str(exc), exc
-        print(f"REJECTED rank={rank}: {exc}", flush=True)
+        say(f"REJECTED rank={rank}: {exc}")
         sys.exit(0)
     sys.exit(f"rank {rank}: init accepted a wrong {mode}")
 
@@ -76,4 +77,4 @@ elif mode == "singleton":
 store.set(f"key{rank}", b"v")  # the store works for torch and other backends
 assert store.get(f"key{rank}") == b"v"
 dist.destroy_process_group()
-print(f"OK rank={rank} mode={mode} store={type(store).__name__}", flush=True)
+say(f"OK rank={rank} mode={mode} store={type(store).__name__}")

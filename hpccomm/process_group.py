@@ -16,7 +16,7 @@ The front knows nothing about MPI: transports plug in per device type.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -38,10 +38,12 @@ from . import debug, validation as check
 from .progress import engine
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
-from .work import HpcWork, Pending, complete_inline
+from .work import AllPending, HpcWork, Pending, complete_inline
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
+#: Posts an operation whose arguments were already checked: (pending, outputs).
+Poster = Callable[[], tuple[Pending, list[torch.Tensor]]]
 
 
 _PREMUL_SUM = int(RedOpType.PREMUL_SUM.value)
@@ -214,17 +216,21 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
         opts = opts or AllgatherOptions()
+        if len(output_tensors) != 1:
+            raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
+        post, outputs = self._prepare_allgather(output_tensors[0], input_tensors)()
+        return self._launch("all_gather", post, outputs, opts.asyncOp)
+
+    def _prepare_allgather(self, output_list: list[torch.Tensor], input_tensors: list[torch.Tensor]) -> Poster:
         op = "all_gather"
         tensor = check.check_single(op, "tensor", input_tensors, self._transports)
-        if len(output_tensors) != 1:
-            raise check.fail(op, f"tensor_list must be one list per process, got {len(output_tensors)}")
-        outputs = check.check_tensors(op, "tensor_list", output_tensors[0], self._transports)
+        outputs = check.check_tensors(op, "tensor_list", output_list, self._transports)
         check.check_length(op, "tensor_list", outputs, self._size)
         check.check_same_dtype(op, "tensor_list[0]", outputs[0], tensor, "tensor")
         check.check_numel(op, f"tensor_list[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
-        return self._launch(op, transport.allgather(outputs, tensor), outputs, opts.asyncOp)
+        return lambda: (transport.allgather(outputs, tensor), outputs)
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
@@ -232,11 +238,15 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         opts = opts or AllgatherOptions()
         if len(output_lists) != len(input_list):
             raise check.fail("all_gather_coalesced", "output_tensor_lists and input_tensor_list differ in length")
-        works = [self.allgather([outs], [inp], opts) for outs, inp in zip(output_lists, input_list)]
-        return works[-1] if works else self.barrier()
+        posters = [self._prepare_allgather(outs, [inp]) for outs, inp in zip(output_lists, input_list)]
+        return self._launch_all("all_gather_coalesced", posters, opts.asyncOp)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
         opts = opts or AllgatherOptions()
+        post, outputs = self._prepare_all_gather_single(output, input)()
+        return self._launch("all_gather_into_tensor", post, outputs, opts.asyncOp)
+
+    def _prepare_all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Poster:
         op = "all_gather_into_tensor"
         tensor = check.check_tensor(op, "input_tensor", input, self._transports)
         output = check.check_tensor(op, "output_tensor", output, self._transports)
@@ -244,14 +254,17 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         check.check_numel(op, "output_tensor", output, tensor.numel() * self._size, "world size x input elements")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel())
-        return self._launch(op, transport.allgather_into(output, tensor), [output], opts.asyncOp)
+        return lambda: (transport.allgather_into(output, tensor), [output])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
-        return self._coalesced(self.all_gather_single, outputs, inputs, opts or AllgatherOptions())
+        opts = opts or AllgatherOptions()
+        self._check_pairs("all_gather_into_tensor_coalesced", outputs, inputs)
+        posters = [self._prepare_all_gather_single(out, inp) for out, inp in zip(outputs, inputs)]
+        return self._launch_all("all_gather_into_tensor_coalesced", posters, opts.asyncOp)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -320,32 +333,47 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions = None
     ) -> dist.Work:
         opts = opts or ReduceScatterOptions()
+        post, outputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)()
+        return self._launch("reduce_scatter_tensor", post, outputs, opts.asyncOp)
+
+    def _prepare_reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, reduce_op: dist.ReduceOp) -> Poster:
         op = "reduce_scatter_tensor"
         tensor = check.check_tensor(op, "input", input, self._transports)
         output = check.check_tensor(op, "output", output, self._transports)
         check.check_same_dtype(op, "output", output, tensor, "input")
         check.check_numel(op, "input", tensor, output.numel() * self._size, "world size x output elements")
         transport = self._route(op, tensor)
-        red = _reduction_for(op, opts.reduceOp, tensor.dtype)
-        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
-        return self._launch(op, transport.reduce_scatter_from(output, tensor, red), [output], opts.asyncOp)
+        red = _reduction_for(op, reduce_op, tensor.dtype)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=reduce_op.op)
+        return lambda: (transport.reduce_scatter_from(output, tensor, red), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions = None
     ) -> dist.Work:
-        return self._coalesced(self.reduce_scatter_single, outputs, inputs, opts or ReduceScatterOptions())
+        opts = opts or ReduceScatterOptions()
+        self._check_pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
+        reduce_op = opts.reduceOp
+        posters = [self._prepare_reduce_scatter_single(out, inp, reduce_op) for out, inp in zip(outputs, inputs)]
+        return self._launch_all("reduce_scatter_tensor_coalesced", posters, opts.asyncOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def _coalesced(self, single, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts) -> dist.Work:
+    @staticmethod
+    def _check_pairs(op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
         if len(outputs) != len(inputs):
-            raise check.fail(single.__name__, "outputs and inputs differ in length")
-        # Posted back to back; MPI completes them in order, so the last one
-        # completing means all have.
-        works = [single(out, inp, opts) for out, inp in zip(outputs, inputs)]
-        return works[-1] if works else self.barrier()
+            raise check.fail(op, f"{len(outputs)} outputs but {len(inputs)} inputs")
+
+    def _launch_all(self, op: str, posters: list[Poster], async_op: bool) -> dist.Work:
+        """Post several validated operations; one Work ends when all have.
+
+        Every argument was checked before the first post, so a bad one
+        leaves no peer waiting.
+        """
+        posted = [poster() for poster in posters]
+        outputs = [tensor for _, outs in posted for tensor in outs]
+        return self._launch(op, AllPending([post for post, _ in posted]), outputs, async_op)
 
     # -- all-to-all ------------------------------------------------------------
 

@@ -44,6 +44,22 @@ class Pending(Protocol):
         """Local work after the communication (copy-back, scaling); runs once."""
 
 
+class AllPending:
+    """Several Pendings that complete together (the coalesced collectives)."""
+
+    def __init__(self, parts: list[Pending]) -> None:
+        self._parts = parts
+        self._waiting = list(parts)
+
+    def test(self) -> bool:
+        self._waiting = [part for part in self._waiting if not part.test()]
+        return not self._waiting
+
+    def finish(self) -> None:
+        for part in self._parts:
+            part.finish()
+
+
 class CommTimeoutError(RuntimeError):
     """A collective or point-to-point operation did not complete in time."""
 
@@ -103,6 +119,7 @@ def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "Comple
         PeerExitedError: a rank it needs has left the job.
     """
     test = pending.test
+    # Most small operations complete within two polls: skip the clock read then.
     if not test() and not test() and not drive(pending, time.monotonic() + timeout_s, label):
         raise timeout_error(label, timeout_s)
     pending.finish()
@@ -160,7 +177,6 @@ class HpcWork(dist.Work):
         self._done = False
         self._error: BaseException | None = None
         self._future: Future | None = None
-        self._done_event: threading.Event | None = None
 
     # -- driving ---------------------------------------------------------
 
@@ -196,8 +212,6 @@ class HpcWork(dist.Work):
                 error = exc
         self._error = error
         self._done = True
-        if self._done_event is not None:
-            self._done_event.set()
         if self._future is not None:
             self._settle_future(self._future)
 
@@ -256,23 +270,12 @@ class HpcWork(dist.Work):
 
     def get_future(self) -> Future:
         """A future holding the output tensors once the work completes."""
-        if self._future is None:
-            future: Future = Future()
-            with self._claim:
-                self._future = future
+        with self._claim:
+            if self._future is None:
+                self._future = Future()
                 if self._done:
-                    self._settle_future(future)
-        return self._future
+                    self._settle_future(self._future)
+            return self._future
 
     def _source_rank(self) -> int:
         return getattr(self._pending, "source_rank", -1)
-
-    def done_event(self) -> threading.Event:
-        """An event set when the work ends (for waiting without polling)."""
-        if self._done_event is None:
-            event = threading.Event()
-            with self._claim:
-                self._done_event = event
-                if self._done:
-                    event.set()
-        return self._done_event

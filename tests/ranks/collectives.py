@@ -103,6 +103,30 @@ def all_reduce_coalesced_and_coalescing_manager() -> None:
         same(t, combine(Op.SUM, torch.int32, [value(r, torch.int32, n) for r in range(SIZE)]), "coalescing manager")
 
 
+@check
+def coalesced_gathers_and_reduce_scatters() -> None:
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+
+    pg = dist.group.WORLD
+    sizes = (1, 3, 5)
+    for async_op in (False, True):
+        ins = [value(RANK, torch.float32, n) for n in sizes]
+        outs = [torch.empty(SIZE * n) for n in sizes]
+        opts = AllgatherOptions()
+        opts.asyncOp = async_op
+        pg.allgather_into_tensor_coalesced(outs, ins, opts).wait()
+        for n, out in zip(sizes, outs):
+            same(out, torch.cat([value(r, torch.float32, n) for r in range(SIZE)]), f"coalesced all_gather n={n}")
+        big = [value(RANK, torch.int64, n * SIZE) for n in sizes]
+        outs = [torch.empty(n, dtype=torch.int64) for n in sizes]
+        opts = ReduceScatterOptions()
+        opts.asyncOp = async_op
+        pg.reduce_scatter_tensor_coalesced(outs, big, opts).wait()
+        for n, out in zip(sizes, outs):
+            mine = [value(r, torch.int64, n * SIZE)[RANK * n : (RANK + 1) * n] for r in range(SIZE)]
+            same(out, combine(Op.SUM, torch.int64, mine), f"coalesced reduce_scatter n={n}")
+
+
 # -- data movement ------------------------------------------------------------------
 
 

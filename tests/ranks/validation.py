@@ -119,6 +119,14 @@ def not_a_tensor() -> None:
 
 
 @check
+def coalesced_call_with_a_bad_second_pair_posts_nothing() -> None:
+    outs = [torch.empty(SIZE), torch.empty(SIZE * 2 + 1)]
+    ins = [torch.ones(1), torch.ones(2)]
+    call = lambda: PG.allgather_into_tensor_coalesced(outs, ins, AllgatherOptions())
+    only_rank0_fails(ValueError, ["all_gather_into_tensor", "output_tensor"], call)
+
+
+@check
 def gather_list_length() -> None:
     call = lambda: dist.gather(torch.ones(1), [torch.empty(1)] * (SIZE + 1), dst=0)
     only_rank0_fails(ValueError, ["gather", "gather_list"], call)

@@ -14,6 +14,12 @@ than one rank:
   group contains a departed rank raises :class:`PeerExitedError` naming it,
   instead of waiting out the timeout. A rank killed outright (SIGKILL) is
   noticed by the launcher itself, which ends the job.
+
+The goodbye receives are posted when MPI starts, so every goodbye is matched
+and its send completes; at exit the sends are awaited (bounded) and the
+receives that never matched are cancelled. No request is left pending when
+MPI finalises: a pending send to a rank that already left can hang
+``MPI_Finalize``.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ _FLUSH_S = 0.5
 #: can be in flight on another channel when the goodbye arrives.
 GRACE_S = 1.0
 
+#: How long exit waits for this rank's goodbyes to be delivered.
+_GOODBYE_WAIT_S = 2.0
+
 _control: Any = None
 _rank = -1
 _departed: set[int] = set()
 _first_seen: dict[int, float] = {}
-_goodbyes: list[Any] = []
+#: peer rank -> (posted receive for its goodbye, its 1-byte buffer)
+_inbox: dict[int, tuple[Any, bytearray]] = {}
 
 
 class PeerExitedError(RuntimeError):
@@ -51,8 +61,13 @@ def install(rank: int, world_size: int) -> None:
     global _control, _rank
     if _control is not None or world_size < 2:
         return
+    MPI = mpi()
     _rank = rank
-    _control = mpi().COMM_WORLD.Dup()
+    _control = MPI.COMM_WORLD.Dup()
+    for peer in range(world_size):
+        if peer != rank:
+            buf = bytearray(1)
+            _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, _BYE_TAG), buf)
     sys.excepthook = _aborting_hook(sys.excepthook)
     atexit.register(_say_goodbye, world_size)
 
@@ -80,9 +95,15 @@ def _say_goodbye(world_size: int) -> None:
     if MPI.Is_finalized():
         return
     token = bytearray(b"\x01")
-    for peer in range(world_size):
-        if peer != _rank:
-            _goodbyes.append(_control.Isend((token, MPI.BYTE), peer, _BYE_TAG))
+    sends = [_control.Isend((token, MPI.BYTE), peer, _BYE_TAG) for peer in range(world_size) if peer != _rank]
+    deadline = time.monotonic() + _GOODBYE_WAIT_S
+    while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for request, _buf in _inbox.values():
+        if not request.Test():
+            request.Cancel()
+            request.Wait()
+    _inbox.clear()
 
 
 def check_peers(ranks: Iterable[int], what: str) -> None:
@@ -107,10 +128,13 @@ def check_peers(ranks: Iterable[int], what: str) -> None:
 
 
 def _collect_goodbyes() -> None:
-    MPI = mpi()
-    status = MPI.Status()
-    while _control.Iprobe(MPI.ANY_SOURCE, _BYE_TAG, status):
-        source = status.Get_source()
-        _control.Recv((bytearray(1), MPI.BYTE), source, _BYE_TAG)
-        _departed.add(source)
-        _first_seen.setdefault(source, time.monotonic())
+    if not _inbox:
+        return
+    peers = list(_inbox)
+    arrived = mpi().Request.Testsome([_inbox[peer][0] for peer in peers]) or []
+    now = time.monotonic()
+    for index in arrived:
+        peer = peers[index]
+        del _inbox[peer]
+        _departed.add(peer)
+        _first_seen.setdefault(peer, now)

@@ -7,9 +7,9 @@ launcher all of that is already known, so hpccomm wraps the ``env://`` handler:
 * If the user set MASTER_ADDR and MASTER_PORT, torch's own handler runs (the
   user's choice is honoured), with RANK and WORLD_SIZE taken from MPI.
 * Otherwise rank and world size come from MPI and the store is private to the
-  job: on one node a :class:`~torch.distributed.FileStore` in a fresh 0700
-  directory (nothing listens on the network at all); across nodes a TCPStore
-  on rank 0 with a port the kernel picks, so two jobs never collide.
+  job: on one node a :class:`~torch.distributed.FileStore` on a fresh 0600
+  file (nothing listens on the network at all); across nodes a TCPStore on
+  rank 0 with a port the kernel picks, so two jobs never collide.
 
 The store lives as long as the process group that holds it. hpccomm's own
 collectives never use it; it serves torch and any other backend (such as
@@ -19,7 +19,6 @@ gloo) created in the same job.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -88,13 +87,11 @@ def _mpi_rendezvous(ident: world.Identity, timeout: timedelta):
 def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
     comm = world.mpi().COMM_WORLD
     if ident.single_node:
-        directory = tempfile.mkdtemp(prefix="hpccomm-store-") if ident.rank == 0 else None
-        directory = comm.bcast(directory, root=0)
-        store = dist.FileStore(os.path.join(directory, "store"), ident.world_size)
-        # FileStore reopens its file on every operation and deletes it with the
-        # last handle; the (then empty) directory goes when rank 0 exits.
-        if ident.rank == 0:
-            _remove_dir_at_exit(directory)
+        path = _private_file() if ident.rank == 0 else None
+        # FileStore reopens its file on every operation, its destructor
+        # included, and deletes it with the last user; so the file must stay
+        # where it is until then (no directory to clean up after it).
+        store = dist.FileStore(comm.bcast(path, root=0), ident.world_size)
         store.set_timeout(timeout)
         return store
     if ident.rank == 0:
@@ -109,7 +106,7 @@ def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
     return dist.TCPStore(host, port, ident.world_size, False, timeout=timeout)
 
 
-def _remove_dir_at_exit(directory: str) -> None:
-    import atexit
-
-    atexit.register(shutil.rmtree, directory, True)
+def _private_file() -> str:
+    handle, path = tempfile.mkstemp(prefix="hpccomm-store-")  # mode 0600
+    os.close(handle)
+    return path

@@ -2,9 +2,9 @@
 
 Every multi-rank test goes through :func:`run_ranks`, which starts
 ``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session. A run
-that outlives its limit has its whole process group killed (only the
-processes this helper started) and fails the test, so a hang can never run
-into CI's time limit.
+that outlives its limit is killed, launcher and ranks (which the launcher may
+start in sessions of their own), by PID: only processes this helper started.
+The test then fails, so a hang can never run into CI's time limit.
 """
 
 from __future__ import annotations
@@ -59,9 +59,35 @@ def run_ranks(
         output, _ = proc.communicate(timeout=limit_s)
         return RankRun(proc.returncode, output, False)
     except subprocess.TimeoutExpired:
+        ranks = _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
+        for pid in ranks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         output, _ = proc.communicate()
         return RankRun(proc.returncode, output, True)
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process descended from ``root``, read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, frontier = [], [root]
+    while frontier:
+        kids = children.get(frontier.pop(), [])
+        found += kids
+        frontier += kids
+    return found
 
 
 def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:

@@ -1,9 +1,11 @@
 """Identity and rendezvous from MPI: no MASTER_ADDR needed, user values honoured or checked."""
 
+import concurrent.futures
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from launch import RANKS_DIR, assert_all_ranks_ok, run_ranks
@@ -15,9 +17,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def store_dirs() -> set[str]:
+    return {p for p in os.listdir(tempfile.gettempdir()) if p.startswith("hpccomm-store-")}
+
+
 def test_private_store_and_no_listening_socket():
+    before = store_dirs()
     run = run_ranks(3, "rendezvous.py", "private-store")
     assert_all_ranks_ok(run, 3)
+    assert store_dirs() <= before, "the job's store file outlived the job"
+
+
+def test_two_jobs_on_one_node_at_once():
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: run_ranks(2, "rendezvous.py", "private-store"), range(2)))
+    for run in runs:
+        assert_all_ranks_ok(run, 2)
 
 
 def test_master_addr_and_port_are_honoured():

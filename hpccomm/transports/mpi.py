@@ -123,6 +123,17 @@ def _scatter_back(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> Callab
     return copy_out
 
 
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when two contiguous tensors share any bytes."""
+    a_start, b_start = a.data_ptr(), b.data_ptr()
+    return a_start < b_start + b.nbytes and b_start < a_start + a.nbytes and a.nbytes > 0 and b.nbytes > 0
+
+
+def _unaliased(send: torch.Tensor, recv: torch.Tensor) -> torch.Tensor:
+    """``send``, or a copy of it when it overlaps ``recv``: MPI forbids aliased buffers."""
+    return send.clone() if _overlaps(send, recv) else send
+
+
 def _concat(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     if not tensors:
         return torch.empty(0, dtype=dtype)
@@ -223,7 +234,12 @@ class MPITransport(Transport):
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
         send = tensor.contiguous()
-        request = self._comm.Iallgather(_buffer(send), _buffer(recv))
+        if send.data_ptr() == recv.data_ptr() + self._rank * send.nbytes:
+            # In place, as FSDP2 calls it: the input is this rank's slot of the output.
+            request = self._comm.Iallgather(mpi().IN_PLACE, _buffer(recv))
+        else:
+            send = _unaliased(send, recv)
+            request = self._comm.Iallgather(_buffer(send), _buffer(recv))
         return MPIPending([request], after, keep=(send, recv))
 
     def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> MPIPending:
@@ -264,6 +280,7 @@ class MPITransport(Transport):
         send = _premultiplied(tensor.contiguous(), reduction, in_place=False)
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
+        send = _unaliased(send, recv)
         request = self._comm.Ireduce_scatter_block(_buffer(send), _buffer(recv), reduction.mpi_op)
         return MPIPending([request], [*_averager(recv, reduction, self._size), *after], keep=(send, recv))
 
@@ -286,6 +303,7 @@ class MPITransport(Transport):
         send = tensor.contiguous()
         after: list[Callable[[], None]] = []
         recv = _staged(output, after, copy_in=False)
+        send = _unaliased(send, recv)
         request = self._comm.Ialltoallv(_vector(send, input_counts), _vector(recv, output_counts))
         return MPIPending([request], after, keep=(send, recv))
 

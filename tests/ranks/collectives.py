@@ -269,6 +269,24 @@ def non_contiguous_tensors() -> None:
 
 
 @check
+def aliased_inputs_and_outputs() -> None:
+    # FSDP2's in-place all-gather: the input is this rank's slot of the output.
+    out = torch.zeros(SIZE * 3)
+    out[RANK * 3 : (RANK + 1) * 3] = value(RANK, torch.float32, 3)
+    dist.all_gather_into_tensor(out, out[RANK * 3 : (RANK + 1) * 3])
+    same(out, torch.cat([value(r, torch.float32, 3) for r in range(SIZE)]), "in-place all_gather_into_tensor")
+    # reduce_scatter whose output is a slice of its own input
+    buf = value(RANK, torch.int64, SIZE * 2)
+    dist.reduce_scatter_tensor(buf[:2], buf)
+    expected = combine(Op.SUM, torch.int64, [value(r, torch.int64, SIZE * 2)[RANK * 2 : RANK * 2 + 2] for r in range(SIZE)])
+    same(buf[:2], expected, "aliased reduce_scatter_tensor")
+    # all_to_all_single with input and output the same tensor
+    t = torch.cat([value(100 * RANK + j, torch.int32, 2) for j in range(SIZE)])
+    dist.all_to_all_single(t, t)
+    same(t, torch.cat([value(100 * r + RANK, torch.int32, 2) for r in range(SIZE)]), "aliased all_to_all_single")
+
+
+@check
 def zero_element_tensors() -> None:
     t = torch.empty(0)
     dist.all_reduce(t)

@@ -62,7 +62,7 @@ def main() -> None:
     gathered: list[dict] = [None] * dist.get_world_size()  # type: ignore[list-item]
     dist.all_gather_object(gathered, results)
     if rank == 0:
-        print(f"| phase | calls/s | RSS after warm-up (MiB, rank 0) | max growth after warm-up over ranks (MiB) |")
+        print("| phase | calls/s | RSS after warm-up (MiB, rank 0) | max growth after warm-up over ranks (MiB) |")
         print("|---|---|---|---|")
         for name in results:
             calls = args.small if name.startswith("small") else args.large

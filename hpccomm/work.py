@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist

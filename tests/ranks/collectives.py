@@ -313,7 +313,6 @@ def object_collectives() -> None:
     if RANK == 0:
         assert gathered == [("g", r) for r in range(SIZE)]
     got = [None]
-    dist.scatter_object_output_list = None
     dist.scatter_object_list(got, [("s", r) for r in range(SIZE)] if RANK == 0 else None, src=0)
     assert got == [("s", RANK)]
 

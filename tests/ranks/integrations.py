@@ -7,7 +7,6 @@ reference model's.
 
 from __future__ import annotations
 
-import copy
 import sys
 
 import hpccomm  # noqa: F401

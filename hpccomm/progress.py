@@ -43,6 +43,11 @@ class ProgressEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    @property
+    def enabled(self) -> bool:
+        """Whether a background thread drives submitted work."""
+        return self._enabled
+
     def submit(self, work: HpcWork) -> None:
         """Drive ``work`` in the background until it completes."""
         if not self._enabled:

@@ -269,7 +269,18 @@ class HpcWork(dist.Work):
         return self._outputs
 
     def get_future(self) -> Future:
-        """A future holding the output tensors once the work completes."""
+        """A future holding the output tensors once the work completes.
+
+        Without a progress thread nothing would complete the future while the
+        caller waits on it, so the work is driven to completion first.
+        """
+        from .progress import engine
+
+        if not self._done and not engine().enabled:
+            try:
+                self.wait()
+            except RuntimeError:
+                pass  # recorded in self._error; the future carries it
         with self._claim:
             if self._future is None:
                 self._future = Future()

@@ -5,6 +5,8 @@ from launch import assert_all_ranks_ok, run_ranks
 
 
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_work_semantics(nprocs):
-    run = run_ranks(nprocs, "work.py")
+@pytest.mark.parametrize("progress_thread", ["1", "0"])
+def test_work_semantics(nprocs, progress_thread):
+    """With and without the progress thread (the path a thread level below MULTIPLE takes)."""
+    run = run_ranks(nprocs, "work.py", env={"HPCCOMM_PROGRESS_THREAD": progress_thread})
     assert_all_ranks_ok(run, nprocs)

@@ -30,7 +30,7 @@ try:
     say(f"UNEXPECTED rank={rank}: mismatch not detected")
 except CollectiveMismatchError as exc:
     say(f"MISMATCH rank={rank} first-line={str(exc).splitlines()[0]}")
-    print(str(exc), flush=True)
+    say(str(exc))
 t = torch.ones(2)
 dist.all_reduce(t)  # nothing was posted: the group is still usable
 assert t[0].item() == size

@@ -106,25 +106,19 @@ def _say_goodbye(world_size: int) -> None:
     _inbox.clear()
 
 
-def check_peers(ranks: Iterable[int], what: str) -> None:
-    """Raise PeerExitedError if a rank in ``ranks`` left over GRACE_S ago.
+def departed(ranks: Iterable[int]) -> list[int]:
+    """The ranks in ``ranks`` that left the job over GRACE_S ago (usually none).
 
     Args:
-        ranks: world ranks the pending operation needs.
-        what: the operation, for the message.
+        ranks: world ranks a pending operation needs.
     """
     if _control is None:
-        return
+        return []
     _collect_goodbyes()
     if not _departed:
-        return
+        return []
     now = time.monotonic()
-    gone = sorted(r for r in ranks if r in _departed and now - _first_seen[r] > GRACE_S)
-    if gone:
-        raise PeerExitedError(
-            f"hpccomm {what}: rank(s) {', '.join(map(str, gone))} left the job while this "
-            "operation waited for them; see that rank's output for the cause"
-        )
+    return sorted(r for r in ranks if r in _departed and now - _first_seen[r] > GRACE_S)
 
 
 def _collect_goodbyes() -> None:

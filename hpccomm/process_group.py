@@ -104,7 +104,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._transports = transports
         self._cpu_transport = transports.get("cpu")
         self._timeout_s = timeout.total_seconds()
-        self._global_ranks = list(global_ranks)
+        self._global_ranks = tuple(global_ranks)
         self._group_name = ""
         self._seq = 0
         self._closed: str | None = None
@@ -135,9 +135,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         """'group NAME (N ranks)', for messages."""
         return f"group '{self._group_name or '?'}' ({self._size} ranks)"
 
-    def global_ranks(self) -> list[int]:
+    def global_ranks(self) -> tuple[int, ...]:
         """World rank of each rank of this group."""
-        return list(self._global_ranks)
+        return self._global_ranks
 
     # -- plumbing ----------------------------------------------------------
 

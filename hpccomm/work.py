@@ -94,7 +94,13 @@ def check_abandoned(label: Label) -> None:
     _op, group, _seq, peers = label
     if group.closed is not None:
         raise GroupClosedError(f"hpccomm {describe(label)}: the group was {group.closed} while this operation was pending")
-    failure.check_peers(group.global_ranks() if peers is None else peers, describe(label))
+    # Runs every few hundred polls: build messages only when raising.
+    gone = failure.departed(group.global_ranks() if peers is None else peers)
+    if gone:
+        raise failure.PeerExitedError(
+            f"hpccomm {describe(label)}: rank(s) {', '.join(map(str, gone))} left the job while this "
+            "operation waited for them; see that rank's output for the cause"
+        )
 
 
 def timeout_error(label: Label, waited_s: float) -> CommTimeoutError:

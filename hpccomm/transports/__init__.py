@@ -75,5 +75,3 @@ class Transport:
     def close(self) -> None:
         """Release the transport's resources; no operation follows."""
 
-
-TransportFactory = Callable[[Any], Transport]

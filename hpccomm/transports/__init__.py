@@ -10,8 +10,7 @@ registering a factory for its device type; the front does not change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 

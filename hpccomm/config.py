@@ -30,10 +30,15 @@ class Config:
         progress_thread: ``HPCCOMM_PROGRESS_THREAD=0`` disables the
             background thread that drives asynchronous operations; they then
             progress only while some rank thread waits on MPI.
+        half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
+            and float16 inside MPI: ``auto`` (the fastest compiled vector path
+            the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
+            (at most that path; for tests and comparisons).
     """
 
     debug: bool
     progress_thread: bool
+    half_kernels: str
 
 
 #: MPI library settings hpccomm applies before MPI starts, unless already set.
@@ -62,6 +67,7 @@ def _read() -> Config:
         debug=_flag("HPCCOMM_DEBUG")
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
         progress_thread=_flag("HPCCOMM_PROGRESS_THREAD", default=True),
+        half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
     )
 
 

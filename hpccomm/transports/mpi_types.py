@@ -4,7 +4,8 @@ Most pairs map to a predefined MPI datatype and op. Three families need care:
 
 * bfloat16 and float16: no MPI offers a usable bfloat16, and MPI's FLOAT16
   reduces 4-17x slower than float32. They travel as raw 16-bit words and are
-  reduced by user-defined MPI ops that call torch's vectorised kernels.
+  reduced by user-defined MPI ops whose bodies come from
+  :mod:`hpccomm.transports.half_reduce` (compiled vector kernels, or torch).
 * bool: travels as uint8 0/1, where SUM/MAX mean "or" and PRODUCT/MIN "and".
 * AVG and PREMUL_SUM: MPI has neither; they are a SUM plus local arithmetic,
   done by the caller (see :class:`Reduction`).
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..world import mpi
+from . import half_reduce
 
 RedOpType = dist.ReduceOp.RedOpType
 
@@ -137,23 +139,7 @@ def _predefined_op(kind: Any, is_bool: bool) -> Any:
         raise ValueError(f"hpccomm: unsupported ReduceOp {kind}") from None
 
 
-_HALF_KERNELS = {
-    RedOpType.SUM: torch.Tensor.add_,
-    RedOpType.PRODUCT: torch.Tensor.mul_,
-    RedOpType.MIN: lambda out, inp: torch.minimum(out, inp, out=out),
-    RedOpType.MAX: lambda out, inp: torch.maximum(out, inp, out=out),
-}
-
-
 @lru_cache(maxsize=None)
 def _half_op(kind: Any, dtype: torch.dtype) -> Any:
-    """A user-defined MPI op reducing raw 16-bit words as ``dtype`` with torch."""
-    kernel = _HALF_KERNELS[kind]
-
-    def reduce_words(inbuf: Any, outbuf: Any, _datatype: Any) -> None:
-        # Some algorithms (Open MPI's Rabenseifner) hand over empty chunks,
-        # which torch.frombuffer refuses.
-        if len(outbuf):
-            kernel(torch.frombuffer(outbuf, dtype=dtype), torch.frombuffer(inbuf, dtype=dtype))
-
-    return mpi().Op.Create(reduce_words, commute=True)
+    """A user-defined MPI op reducing raw 16-bit words as ``dtype``."""
+    return mpi().Op.Create(half_reduce.reducer(kind, dtype), commute=True)

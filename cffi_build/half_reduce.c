@@ -1,0 +1,169 @@
+/*
+ * Element-wise reductions of bfloat16 and float16 vectors, the bodies of
+ * hpccomm's user-defined MPI ops for those dtypes (MPI has no usable 16-bit
+ * float types). Each element is widened to float32, combined, and rounded back
+ * to nearest-even, as torch does; NaN propagates through MIN and MAX, as
+ * torch.minimum/maximum do.
+ *
+ * Only vector paths live here: where the CPU has none of them,
+ * hpccomm_half_path() returns HALF_PATH_NONE and Python reduces with torch.
+ * The paths are chosen at run time from CPUID, so one build runs on any x86-64
+ * CPU (and compiles to stubs elsewhere).
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "half_reduce.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+typedef void (*half_loop)(int op, const uint16_t *in, uint16_t *inout, size_t n);
+
+/* Applies `combine` to 16 (AVX-512) or 8 (AVX2) lanes at a time; the tail goes
+ * through a zero-padded stack copy, so no masked loads are needed. COMBINE gets
+ * (out, in): the operand order torch's kernels use. */
+#define HALF_LOOP(NAME, TARGET, LANES, VEC, LOAD, STORE, COMBINE)                     \
+    __attribute__((target(TARGET))) static void NAME(int op, const uint16_t *in,     \
+                                                     uint16_t *inout, size_t n) {    \
+        size_t i = 0;                                                                 \
+        for (; i + LANES <= n; i += LANES) {                                          \
+            VEC r = COMBINE(op, LOAD(inout + i), LOAD(in + i));                       \
+            STORE(inout + i, r);                                                      \
+        }                                                                             \
+        if (i < n) {                                                                  \
+            uint16_t a[LANES] = {0}, b[LANES] = {0};                                  \
+            size_t left = n - i;                                                      \
+            memcpy(a, in + i, left * 2);                                              \
+            memcpy(b, inout + i, left * 2);                                           \
+            VEC r = COMBINE(op, LOAD(b), LOAD(a));                                    \
+            STORE(b, r);                                                              \
+            memcpy(inout + i, b, left * 2);                                           \
+        }                                                                             \
+    }
+
+/* ---- AVX-512: 16 lanes ---------------------------------------------------- */
+
+#define AVX512 "avx512f"
+
+__attribute__((target(AVX512))) static inline __m512 combine512(int op, __m512 out, __m512 in) {
+    switch (op) {
+    case HALF_OP_SUM:
+        return _mm512_add_ps(out, in);
+    case HALF_OP_PRODUCT:
+        return _mm512_mul_ps(out, in);
+    default: {
+        /* On a tie (+0 vs -0) min/max_ps return their second operand: `out`, as
+         * std::min/max(out, in) in torch's scalar kernels. Where either is NaN they
+         * return an operand; out + in is the NaN torch gives there. */
+        __m512 picked = op == HALF_OP_MIN ? _mm512_min_ps(in, out) : _mm512_max_ps(in, out);
+        __mmask16 nan = _mm512_cmp_ps_mask(out, in, _CMP_UNORD_Q);
+        return _mm512_mask_add_ps(picked, nan, out, in);
+    }
+    }
+}
+
+__attribute__((target(AVX512))) static inline __m512 load_bf16_512(const uint16_t *p) {
+    __m256i words = _mm256_loadu_si256((const __m256i *)p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+}
+
+__attribute__((target(AVX512))) static inline void store_bf16_512(uint16_t *p, __m512 v) {
+    /* Round to nearest-even by hand: AVX512-BF16's vcvtneps2bf16 would flush
+     * subnormals to zero, which torch does not. NaN becomes a quiet NaN. */
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i high = _mm512_srli_epi32(bits, 16);
+    __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
+    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    __m512i words = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(words));
+}
+
+__attribute__((target(AVX512))) static inline __m512 load_f16_512(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+__attribute__((target(AVX512))) static inline void store_f16_512(uint16_t *p, __m512 v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+HALF_LOOP(bf16_avx512, AVX512, 16, __m512, load_bf16_512, store_bf16_512, combine512)
+HALF_LOOP(f16_avx512, AVX512, 16, __m512, load_f16_512, store_f16_512, combine512)
+
+/* ---- AVX2 + F16C: 8 lanes, float16 only ------------------------------------ */
+
+#define AVX2 "avx2,f16c"
+
+__attribute__((target(AVX2))) static inline __m256 combine256(int op, __m256 out, __m256 in) {
+    switch (op) {
+    case HALF_OP_SUM:
+        return _mm256_add_ps(out, in);
+    case HALF_OP_PRODUCT:
+        return _mm256_mul_ps(out, in);
+    default: {
+        __m256 picked = op == HALF_OP_MIN ? _mm256_min_ps(in, out) : _mm256_max_ps(in, out);
+        __m256 nan = _mm256_cmp_ps(out, in, _CMP_UNORD_Q);
+        return _mm256_blendv_ps(picked, _mm256_add_ps(out, in), nan);
+    }
+    }
+}
+
+__attribute__((target(AVX2))) static inline __m256 load_f16_256(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+__attribute__((target(AVX2))) static inline void store_f16_256(uint16_t *p, __m256 v) {
+    _mm_storeu_si128((__m128i *)p, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+
+HALF_LOOP(f16_avx2, AVX2, 8, __m256, load_f16_256, store_f16_256, combine256)
+
+/* ---- dispatch ---------------------------------------------------------------- */
+
+static int path_for(int dtype) {
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f");
+    if (dtype == HALF_BF16) /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
+        return avx512 ? HALF_PATH_AVX512 : HALF_PATH_NONE;
+    if (avx512)
+        return HALF_PATH_AVX512;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? HALF_PATH_AVX2 : HALF_PATH_NONE;
+}
+
+static half_loop loop_for(int dtype, int path) {
+    if (path == HALF_PATH_AVX512)
+        return dtype == HALF_BF16 ? bf16_avx512 : f16_avx512;
+    if (path == HALF_PATH_AVX2 && dtype == HALF_F16)
+        return f16_avx2;
+    return NULL;
+}
+
+#else /* not x86-64 with GCC or clang: no vector path; Python uses torch */
+
+typedef void (*half_loop)(int op, const uint16_t *in, uint16_t *inout, size_t n);
+static int path_for(int dtype) { (void)dtype; return HALF_PATH_NONE; }
+static half_loop loop_for(int dtype, int path) { (void)dtype; (void)path; return NULL; }
+
+#endif
+
+int hpccomm_half_path(int dtype) {
+    /* CPUID does not change: ask once per dtype (a racing first call stores the same value). */
+    static int known[2] = {-1, -1};
+    if (dtype != HALF_BF16 && dtype != HALF_F16)
+        return HALF_PATH_NONE;
+    if (known[dtype] < 0)
+        known[dtype] = path_for(dtype);
+    return known[dtype];
+}
+
+int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n) {
+    if (op < HALF_OP_SUM || op > HALF_OP_MAX || path <= HALF_PATH_NONE || path > hpccomm_half_path(dtype))
+        return -1; /* a path this CPU lacks would die of SIGILL */
+    half_loop loop = loop_for(dtype, path);
+    if (loop == NULL)
+        return -1;
+    loop(op, (const uint16_t *)in, (uint16_t *)inout, n);
+    return 0;
+}

@@ -1,0 +1,20 @@
+/* hpccomm's bfloat16/float16 reduction kernels: the interface cffi binds. */
+#ifndef HPCCOMM_HALF_REDUCE_H
+#define HPCCOMM_HALF_REDUCE_H
+#include <stddef.h>
+
+/* dtypes */
+enum { HALF_BF16 = 0, HALF_F16 = 1 };
+/* reductions, as torch's SUM, PRODUCT, MIN, MAX */
+enum { HALF_OP_SUM = 0, HALF_OP_PRODUCT = 1, HALF_OP_MIN = 2, HALF_OP_MAX = 3 };
+/* vector paths, slowest first */
+enum { HALF_PATH_NONE = 0, HALF_PATH_AVX2 = 1, HALF_PATH_AVX512 = 2 };
+
+/* The fastest path this CPU runs for the dtype (HALF_PATH_NONE: reduce with torch). */
+int hpccomm_half_path(int dtype);
+
+/* inout[i] = inout[i] (op) in[i] for n elements of the dtype, on `path` (at most
+ * hpccomm_half_path(dtype)). Returns 0, or -1 for an unknown op or unavailable path. */
+int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n);
+
+#endif

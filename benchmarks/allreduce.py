@@ -1,10 +1,13 @@
 """all_reduce latency and bus bandwidth: raw mpi4py vs hpccomm vs gloo, one run, same buffers.
 
-    hpccomm-run -n 2 python benchmarks/allreduce.py [--sizes 4,1048576] [--reps 200]
+    hpccomm-run -n 2 python benchmarks/allreduce.py [--sizes 4,1048576] [--iters N]
 
-For each message size, the three contenders (and hpccomm bfloat16 with the
-same element count) run in interleaved rounds over the same tensors, so the
-machine's noise hits them alike. Reports medians and same-run ratios:
+For each message size the contenders (raw mpi4py ``Allreduce``, hpccomm
+float32, hpccomm bfloat16 with the same element count, and gloo) take turns
+call by call, in an order shuffled each iteration (the same order on every
+rank), over the same tensors: this machine's noise comes in phases of seconds,
+and per-call interleaving spreads each phase over all of them alike. Reports
+medians and same-run ratios:
 
 * latency ratio hpccomm / raw mpi4py (target at 4 B: <= 8x);
 * busbw ratio hpccomm / raw (target at >= 1 MiB: >= 0.95);
@@ -16,6 +19,7 @@ busbw = 2 (n-1)/n x bytes / time, the usual all-reduce bus bandwidth.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -27,24 +31,16 @@ from mpi4py import MPI
 DEFAULT_SIZES = [4, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
 
 
-def timed(fn, reps: int, comm) -> list[float]:
-    """Per-call seconds for ``reps`` calls, after warm-up, started together."""
-    for _ in range(max(3, reps // 10)):
-        fn()
-    comm.Barrier()
-    samples = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return samples
+def iterations_for(nbytes: int) -> int:
+    """Enough calls for stable medians: ~2,000 for small messages, 20 at 64 MiB."""
+    return max(20, min(2000, (1 << 30) // max(nbytes, 1) // 4))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes of float32 per message")
-    parser.add_argument("--reps", type=int, default=0, help="calls per round (default: by size)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=0, help="interleaved iterations (default: by size)")
+    parser.add_argument("--gloo-every", type=int, default=10, help="time gloo on every k-th iteration")
     parser.add_argument("--no-gloo", action="store_true")
     args = parser.parse_args()
 
@@ -61,20 +57,32 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|---|")
     for nbytes in (int(s) for s in args.sizes.split(",")):
         numel = max(1, nbytes // 4)
-        reps = args.reps or max(10, min(5000, (64 << 20) // max(nbytes, 1) // 8))
+        iters = args.iters or iterations_for(nbytes)
         f32 = torch.ones(numel)
         bf16 = torch.ones(numel, dtype=torch.bfloat16)
         array = f32.numpy()
-        samples: dict[str, list[float]] = {"raw": [], "hpccomm": [], "gloo": [], "bf16": []}
-        for _ in range(args.rounds):
-            samples["raw"] += timed(lambda: comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM), reps, comm)
-            samples["hpccomm"] += timed(lambda: dist.all_reduce(f32), reps, comm)
-            samples["bf16"] += timed(lambda: dist.all_reduce(bf16), reps, comm)
-            if gloo is not None:
-                samples["gloo"] += timed(lambda: dist.all_reduce(f32, group=gloo), max(3, reps // 10), comm)
-            # keep values bounded
-            f32.fill_(1.0)
-            bf16.fill_(1.0)
+        calls = {
+            "raw": lambda: comm.Allreduce(MPI.IN_PLACE, array, MPI.SUM),
+            "hpccomm": lambda: dist.all_reduce(f32),
+            "bf16": lambda: dist.all_reduce(bf16),
+            "gloo": lambda: dist.all_reduce(f32, group=gloo),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in calls}
+        for fn in calls.values():  # warm-up: connections, MPI ops, caches
+            if fn is not calls["gloo"] or gloo is not None:
+                for _ in range(3):
+                    fn()
+        comm.Barrier()
+        for i in range(iters):
+            order = [n for n in calls if n != "gloo" or (gloo is not None and i % args.gloo_every == 0)]
+            random.Random(i).shuffle(order)  # same seed, same order on every rank
+            for name in order:
+                start = time.perf_counter()
+                calls[name]()
+                samples[name].append(time.perf_counter() - start)
+            if i % 8 == 7:  # keep values bounded (ones double each call)
+                f32.fill_(1.0)
+                bf16.fill_(1.0)
         med = {k: statistics.median(v) if v else float("nan") for k, v in samples.items()}
         factor = 2 * (size - 1) / size if size > 1 else 1.0
         busbw = {k: factor * numel * 4 / med[k] / 1e9 for k in ("raw", "hpccomm")}

@@ -167,3 +167,50 @@ int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout
     loop(op, (const uint16_t *)in, (uint16_t *)inout, n);
     return 0;
 }
+
+/* ---- MPI user functions ---------------------------------------------------------
+ * MPI_User_function bodies for MPI_Op_create, so MPI calls C directly: no Python
+ * callback (and no GIL) per reduced chunk. hpccomm sends the words as
+ * MPI_UINT16_T, so *len counts elements. The path is fixed before any op exists.
+ */
+
+static int mpi_path[2] = {HALF_PATH_NONE, HALF_PATH_NONE};
+
+int hpccomm_half_use_path(int dtype, int path) {
+    if (dtype != HALF_BF16 && dtype != HALF_F16)
+        return -1;
+    if (path <= HALF_PATH_NONE || path > hpccomm_half_path(dtype) || loop_for(dtype, path) == NULL)
+        return -1;
+    mpi_path[dtype] = path;
+    return 0;
+}
+
+#define MPI_FUNCTION(NAME, DTYPE, OP)                                                   \
+    static void NAME(void *in, void *inout, int *len, void *datatype) {                 \
+        (void)datatype;                                                                 \
+        if (*len > 0)                                                                   \
+            loop_for(DTYPE, mpi_path[DTYPE])(OP, (const uint16_t *)in, (uint16_t *)inout, \
+                                             (size_t)*len);                             \
+    }
+
+MPI_FUNCTION(mpi_bf16_sum, HALF_BF16, HALF_OP_SUM)
+MPI_FUNCTION(mpi_bf16_prod, HALF_BF16, HALF_OP_PRODUCT)
+MPI_FUNCTION(mpi_bf16_min, HALF_BF16, HALF_OP_MIN)
+MPI_FUNCTION(mpi_bf16_max, HALF_BF16, HALF_OP_MAX)
+MPI_FUNCTION(mpi_f16_sum, HALF_F16, HALF_OP_SUM)
+MPI_FUNCTION(mpi_f16_prod, HALF_F16, HALF_OP_PRODUCT)
+MPI_FUNCTION(mpi_f16_min, HALF_F16, HALF_OP_MIN)
+MPI_FUNCTION(mpi_f16_max, HALF_F16, HALF_OP_MAX)
+
+void *hpccomm_half_mpi_function(int dtype, int op) {
+    static void (*const table[2][4])(void *, void *, int *, void *) = {
+        {mpi_bf16_sum, mpi_bf16_prod, mpi_bf16_min, mpi_bf16_max},
+        {mpi_f16_sum, mpi_f16_prod, mpi_f16_min, mpi_f16_max},
+    };
+    if ((dtype != HALF_BF16 && dtype != HALF_F16) || op < HALF_OP_SUM || op > HALF_OP_MAX)
+        return NULL;
+    if (mpi_path[dtype] == HALF_PATH_NONE)
+        return NULL; /* hpccomm_half_use_path first */
+    return (void *)table[dtype][op];
+}
+

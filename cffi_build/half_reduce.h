@@ -17,4 +17,13 @@ int hpccomm_half_path(int dtype);
  * hpccomm_half_path(dtype)). Returns 0, or -1 for an unknown op or unavailable path. */
 int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n);
 
+/* Fix the path the MPI user functions below run for the dtype (at most
+ * hpccomm_half_path). Returns 0, or -1 for a path this CPU or build lacks. */
+int hpccomm_half_use_path(int dtype, int path);
+
+/* An MPI_User_function (void (*)(void *in, void *inout, int *len, MPI_Datatype *))
+ * reducing MPI_UINT16_T words as the dtype, for MPI_Op_create; NULL for an
+ * unknown op or before hpccomm_half_use_path. */
+void *hpccomm_half_mpi_function(int dtype, int op);
+
 #endif

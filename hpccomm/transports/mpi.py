@@ -176,6 +176,9 @@ class MPITransport(Transport):
         self._comm = comm
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
+        # Held here for all_reduce's hot path: each lookup through mpi() is a call.
+        self._in_place = mpi().IN_PLACE
+        self._fromaddress = mpi().buffer.fromaddress
 
     def close(self) -> None:
         if self._comm is not None:
@@ -185,11 +188,12 @@ class MPITransport(Transport):
     # -- element-wise collectives ------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending:
-        MPI = mpi()
         if len(tensors) == 1 and reduction.plain:
             tensor = tensors[0]
             if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
-                return SinglePending(self._comm.Iallreduce(MPI.IN_PLACE, _buffer(tensor), reduction.mpi_op))
+                buf = self._fromaddress(tensor.data_ptr(), tensor.nbytes)
+                return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
+        MPI = mpi()
         requests: list[Any] = []
         after: list[Callable[[], None]] = []
         for tensor in tensors:

@@ -16,7 +16,7 @@ no sense (MIN on complex, BAND on float) before anything is communicated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -67,18 +67,21 @@ class Reduction:
 
     Attributes:
         mpi_op: the MPI operation to run (a SUM for AVG and PREMUL_SUM).
+        datatype: the MPI datatype of one element.
         divide_by_size: AVG: divide the reduced result by the group size.
         premul_factor: PREMUL_SUM: multiply each rank's input by this first.
+        plain: True when MPI's op alone gives the result (no AVG, no PREMUL_SUM).
     """
 
     mpi_op: Any
+    datatype: Any
     divide_by_size: bool = False
     premul_factor: float | torch.Tensor | None = None
+    # A field, not a property: read on every all_reduce.
+    plain: bool = field(init=False)
 
-    @property
-    def plain(self) -> bool:
-        """True when MPI's op alone gives the result (no AVG, no PREMUL_SUM)."""
-        return not self.divide_by_size and self.premul_factor is None
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plain", not self.divide_by_size and self.premul_factor is None)
 
 
 def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
@@ -96,7 +99,7 @@ def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
     if kind == RedOpType.AVG:
         if dtype == torch.bool:
             raise ValueError(f"hpccomm {op_name}: ReduceOp.AVG is not defined for torch.bool")
-        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), divide_by_size=True)
+        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), divide_by_size=True)
     if kind == RedOpType.PREMUL_SUM:
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(
@@ -104,8 +107,8 @@ def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
                 f"tensor, got {dtype}"
             )
         factor = reduce_op.__getstate__()[1]
-        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), premul_factor=factor)
-    return Reduction(_mpi_op(op_name, kind, dtype))
+        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), premul_factor=factor)
+    return Reduction(_mpi_op(op_name, kind, dtype), datatype(dtype))
 
 
 def _mpi_op(op_name: str, kind: Any, dtype: torch.dtype) -> Any:
@@ -142,4 +145,4 @@ def _predefined_op(kind: Any, is_bool: bool) -> Any:
 @lru_cache(maxsize=None)
 def _half_op(kind: Any, dtype: torch.dtype) -> Any:
     """A user-defined MPI op reducing raw 16-bit words as ``dtype``."""
-    return mpi().Op.Create(half_reduce.reducer(kind, dtype), commute=True)
+    return half_reduce.mpi_op(kind, dtype)

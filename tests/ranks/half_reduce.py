@@ -125,6 +125,26 @@ def every_path_reduces_inside_mpi_allreduce():
 
 
 @check
+def hpccomm_ops_are_native_and_reduce_right():
+    # The ops hpccomm itself uses: C functions handed to MPI_Op_create, no Python per call.
+    assert half_reduce.native_ops_available(), "MPI_Op_create was not found in the loaded MPI library"
+    wrong = []
+    for dtype in DTYPES:
+        for kind in KINDS:
+            op = half_reduce.mpi_op(kind, dtype)
+            for n in (0, 5, 4099):
+                mine = small_integers(n, dtype, seed=comm.rank)
+                want = mine.clone()
+                for r in range(comm.size):
+                    if r != comm.rank:
+                        want = TORCH_KERNELS[kind](want, small_integers(n, dtype, seed=r))
+                comm.Iallreduce(MPI.IN_PLACE, [as_bytes(mine), MPI.UINT16_T], op).Wait()
+                if not torch.equal(mine, want):
+                    wrong.append(f"{dtype} {kind.name} n={n}")
+    assert not wrong, f"wrong results: {wrong}"
+
+
+@check
 def unknown_path_is_refused():
     try:
         half_reduce.reducer(RedOpType.SUM, torch.bfloat16, "sse9")

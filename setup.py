@@ -1,9 +1,16 @@
-"""Metadata lives in pyproject.toml; this adds the optional cffi kernels.
+"""Metadata lives in pyproject.toml; this adds the optional cffi extensions.
 
-``hpccomm._half_reduce`` (cffi_build/) is marked optional: where it cannot be
-compiled, the install still succeeds and bfloat16/float16 reductions use torch.
+``hpccomm._half_reduce`` and ``hpccomm._shm_sync`` (built from cffi_build/)
+are optional: where they cannot be compiled the install still succeeds,
+bfloat16/float16 reductions use torch and all-reduce always goes through MPI's
+collectives.
 """
 
 from setuptools import setup
 
-setup(cffi_modules=["cffi_build/half_reduce_build.py:ffibuilder"])
+setup(
+    cffi_modules=[
+        "cffi_build/half_reduce_build.py:ffibuilder",
+        "cffi_build/shm_sync_build.py:ffibuilder",
+    ]
+)

@@ -19,6 +19,16 @@ def _flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+def _size(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"hpccomm: {name}={value!r} is not a whole number of bytes") from None
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings that shape hpccomm's behaviour.
@@ -34,11 +44,18 @@ class Config:
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
             the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
             (at most that path; for tests and comparisons).
+        shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
+            shared-memory window a group whose ranks share a node reduces
+            through (default 4 MiB; 0 turns shared memory off).
+        shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: smaller all-reduces stay on
+            MPI's all-reduce (default 8 MiB, where it starts to win here).
     """
 
     debug: bool
     progress_thread: bool
     half_kernels: str
+    shm_slot_bytes: int
+    shm_min_bytes: int
 
 
 #: MPI library settings hpccomm applies before MPI starts, unless already set.
@@ -68,6 +85,8 @@ def _read() -> Config:
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
         progress_thread=_flag("HPCCOMM_PROGRESS_THREAD", default=True),
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
+        shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
+        shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 8 << 20),
     )
 
 

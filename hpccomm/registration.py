@@ -24,6 +24,7 @@ from .config import settings
 from .process_group import BACKEND_NAME, ProcessGroupHpccomm
 from .transports import Transport
 from .transports.mpi import MPITransport
+from .transports.shm import SharedMemoryChannel
 
 _registered = False
 _world_comm: Any = None
@@ -95,6 +96,6 @@ def _world_communicator(fresh: bool) -> Any:
 
 
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
-    transports: dict[str, Transport] = {"cpu": MPITransport(comm)}
+    transports: dict[str, Transport] = {"cpu": MPITransport(comm, SharedMemoryChannel.for_group(comm))}
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
     return ProcessGroupHpccomm(comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, checker)

@@ -9,6 +9,8 @@ import pytest
 from launch import run_ranks
 
 FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
+# Every all-reduce on the node-local shared-memory path: its waits must fail the same way.
+SHM = {"HPCCOMM_SHM_MIN_BYTES": "1"}
 
 
 def ready_time(run) -> float:
@@ -28,6 +30,14 @@ def ready_time(run) -> float:
 )
 def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence):
     run = run_ranks(nprocs, "failures.py", mode, limit_s=120)
+    check_failed_fast(run, mode, evidence)
+
+
+def test_a_rank_leaving_during_a_shared_memory_all_reduce_ends_the_job_fast():
+    check_failed_fast(run_ranks(3, "failures.py", "exit3", env=SHM, limit_s=120), "exit3", ["rank(s) 1 left the job"])
+
+
+def check_failed_fast(run, mode, evidence):
     ended = time.time()
     assert not run.timed_out, f"job hung after rank 1 failed ({mode}):\n{run.output[-4000:]}"
     assert run.returncode != 0, f"launcher exited 0 although rank 1 failed:\n{run.output[-4000:]}"
@@ -41,10 +51,10 @@ def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence):
         assert "signal 9" in lowered or "killed" in lowered or "exit code: 9" in lowered, run.output[-4000:]
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
-def test_a_skipped_collective_times_out_with_a_clear_error(nprocs):
+@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     timeout_s = 3.0
-    run = run_ranks(nprocs, "failures.py", "skip", str(timeout_s), limit_s=120)
+    run = run_ranks(nprocs, "failures.py", "skip", str(timeout_s), env=env, limit_s=120)
     assert not run.timed_out and run.returncode == 0, run.output[-4000:]
     timeouts = run.lines("TIMEOUT")
     assert len(timeouts) == nprocs - 1, run.output[-4000:]
@@ -55,9 +65,9 @@ def test_a_skipped_collective_times_out_with_a_clear_error(nprocs):
     assert len(run.lines("EXITED")) == nprocs, "destroy or exit hung after the timeout"
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
-def test_abort_fails_pending_work_and_refuses_later_calls(nprocs):
-    run = run_ranks(nprocs, "failures.py", "abort", limit_s=120)
+@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+def test_abort_fails_pending_work_and_refuses_later_calls(nprocs, env):
+    run = run_ranks(nprocs, "failures.py", "abort", env=env, limit_s=120)
     assert not run.timed_out and run.returncode == 0, run.output[-4000:]
     aborted = run.lines("ABORTED")
     assert len(aborted) == nprocs - 1 and all("was aborted" in line for line in aborted), run.output[-4000:]

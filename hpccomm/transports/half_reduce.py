@@ -39,6 +39,7 @@ RedOpType = dist.ReduceOp.RedOpType
 #: words) in place; the third argument, MPI's datatype, is unused.
 Reducer = Callable[[Any, Any, Any], None]
 
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 PATHS = ("torch", "avx2", "avx512")  # index = the C library's HALF_PATH_* value
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _OP_CODES = {RedOpType.SUM: 0, RedOpType.PRODUCT: 1, RedOpType.MIN: 2, RedOpType.MAX: 3}

@@ -22,6 +22,7 @@ import torch
 from ..world import mpi
 from . import Transport
 from .mpi_types import Reduction, datatype
+from .shm import SharedMemoryChannel
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.
@@ -170,10 +171,13 @@ class MPITransport(Transport):
 
     Args:
         comm: the group's communicator (owned: freed by :meth:`close`).
+        shm: the group's shared-memory window, where all its ranks share a
+            node: large all-reduces go through it (owned too).
     """
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, shm: SharedMemoryChannel | None = None) -> None:
         self._comm = comm
+        self._shm = shm
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
         # Held here for all_reduce's hot path: each lookup through mpi() is a call.
@@ -181,6 +185,9 @@ class MPITransport(Transport):
         self._fromaddress = mpi().buffer.fromaddress
 
     def close(self) -> None:
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
         if self._comm is not None:
             self._comm.Free()
             self._comm = None
@@ -191,6 +198,9 @@ class MPITransport(Transport):
         if len(tensors) == 1 and reduction.plain:
             tensor = tensors[0]
             if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
+                shm = self._shm
+                if shm is not None and tensor.nbytes >= shm.min_bytes and shm.accepts(tensor, reduction.kind):
+                    return shm.allreduce(tensor, reduction.kind)
                 buf = self._fromaddress(tensor.data_ptr(), tensor.nbytes)
                 return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
         MPI = mpi()

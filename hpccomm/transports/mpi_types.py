@@ -28,7 +28,7 @@ from . import half_reduce
 
 RedOpType = dist.ReduceOp.RedOpType
 
-HALF_DTYPES = (torch.bfloat16, torch.float16)
+HALF_DTYPES = half_reduce.HALF_DTYPES
 _BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
 _ORDERED = (RedOpType.MIN, RedOpType.MAX)
 
@@ -66,13 +66,15 @@ class Reduction:
     """What a torch ReduceOp on one dtype becomes on the wire.
 
     Attributes:
-        mpi_op: the MPI operation to run (a SUM for AVG and PREMUL_SUM).
+        kind: torch's reduce op kind (SUM for AVG and PREMUL_SUM).
+        mpi_op: the MPI operation to run.
         datatype: the MPI datatype of one element.
         divide_by_size: AVG: divide the reduced result by the group size.
         premul_factor: PREMUL_SUM: multiply each rank's input by this first.
         plain: True when MPI's op alone gives the result (no AVG, no PREMUL_SUM).
     """
 
+    kind: Any
     mpi_op: Any
     datatype: Any
     divide_by_size: bool = False
@@ -99,7 +101,7 @@ def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
     if kind == RedOpType.AVG:
         if dtype == torch.bool:
             raise ValueError(f"hpccomm {op_name}: ReduceOp.AVG is not defined for torch.bool")
-        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), divide_by_size=True)
+        return Reduction(RedOpType.SUM, _mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), divide_by_size=True)
     if kind == RedOpType.PREMUL_SUM:
         if not (dtype.is_floating_point or dtype.is_complex):
             raise ValueError(
@@ -107,8 +109,8 @@ def reduction(op_name: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
                 f"tensor, got {dtype}"
             )
         factor = reduce_op.__getstate__()[1]
-        return Reduction(_mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), premul_factor=factor)
-    return Reduction(_mpi_op(op_name, kind, dtype), datatype(dtype))
+        return Reduction(RedOpType.SUM, _mpi_op(op_name, RedOpType.SUM, dtype), datatype(dtype), premul_factor=factor)
+    return Reduction(kind, _mpi_op(op_name, kind, dtype), datatype(dtype))
 
 
 def _mpi_op(op_name: str, kind: Any, dtype: torch.dtype) -> Any:

@@ -90,6 +90,34 @@ __attribute__((target(AVX512))) static inline void store_f16_512(uint16_t *p, __
 }
 
 HALF_LOOP(bf16_avx512, AVX512, 16, __m512, load_bf16_512, store_bf16_512, combine512)
+
+/* ---- AVX-512 with BF16 instructions: bfloat16 only ----------------------------- */
+
+#define AVX512BF16 "avx512f,avx512bf16"
+
+__attribute__((target(AVX512BF16))) static inline void store_bf16_512_native(uint16_t *p, __m512 v) {
+    /* vcvtneps2bf16 rounds like store_bf16_512 in one instruction, but flushes
+     * subnormals to zero: vectors holding one (rare) take the exact route. */
+    __m512i bits = _mm512_castps_si512(v);
+    __mmask16 nonzero = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffffff));
+    __mmask16 zero_exponent = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000));
+    if (nonzero & zero_exponent) {
+        store_bf16_512(p, v);
+        return;
+    }
+    __m256bh packed = _mm512_cvtneps_pbh(v);
+    memcpy(p, &packed, 32);
+}
+
+__attribute__((target(AVX512BF16))) static inline __m512 combine512bf(int op, __m512 out, __m512 in) {
+    return combine512(op, out, in);
+}
+
+__attribute__((target(AVX512BF16))) static inline __m512 load_bf16_512bf(const uint16_t *p) {
+    return load_bf16_512(p);
+}
+
+HALF_LOOP(bf16_avx512bf16, AVX512BF16, 16, __m512, load_bf16_512bf, store_bf16_512_native, combine512bf)
 HALF_LOOP(f16_avx512, AVX512, 16, __m512, load_f16_512, store_f16_512, combine512)
 
 /* ---- AVX2 + F16C: 8 lanes, float16 only ------------------------------------ */
@@ -125,14 +153,19 @@ HALF_LOOP(f16_avx2, AVX2, 8, __m256, load_f16_256, store_f16_256, combine256)
 static int path_for(int dtype) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f");
-    if (dtype == HALF_BF16) /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
+    if (dtype == HALF_BF16) { /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
+        if (avx512 && __builtin_cpu_supports("avx512bf16"))
+            return HALF_PATH_AVX512BF16;
         return avx512 ? HALF_PATH_AVX512 : HALF_PATH_NONE;
+    }
     if (avx512)
         return HALF_PATH_AVX512;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? HALF_PATH_AVX2 : HALF_PATH_NONE;
 }
 
 static half_loop loop_for(int dtype, int path) {
+    if (path == HALF_PATH_AVX512BF16 && dtype == HALF_BF16)
+        return bf16_avx512bf16;
     if (path == HALF_PATH_AVX512)
         return dtype == HALF_BF16 ? bf16_avx512 : f16_avx512;
     if (path == HALF_PATH_AVX2 && dtype == HALF_F16)

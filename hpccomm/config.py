@@ -42,7 +42,7 @@ class Config:
             progress only while some rank thread waits on MPI.
         half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
-            the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
+            the CPU has, else torch), ``torch``, ``avx2``, ``avx512`` or ``avx512bf16``
             (at most that path; for tests and comparisons).
         shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
             shared-memory window a group whose ranks share a node reduces

@@ -40,7 +40,7 @@ RedOpType = dist.ReduceOp.RedOpType
 Reducer = Callable[[Any, Any, Any], None]
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-PATHS = ("torch", "avx2", "avx512")  # index = the C library's HALF_PATH_* value
+PATHS = ("torch", "avx2", "avx512", "avx512bf16")  # index = the C library's HALF_PATH_* value
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _OP_CODES = {RedOpType.SUM: 0, RedOpType.PRODUCT: 1, RedOpType.MIN: 2, RedOpType.MAX: 3}
 _TORCH_KERNELS = {
@@ -59,8 +59,9 @@ def compiled_available() -> bool:
 def available_paths(dtype: torch.dtype) -> tuple[str, ...]:
     """Every path that can reduce ``dtype`` here, slowest ('torch') first."""
     best = _compiled.lib.hpccomm_half_path(_DTYPE_CODES[dtype]) if _compiled is not None else 0
-    if dtype == torch.bfloat16 and best:
-        return ("torch", PATHS[best])  # no AVX2 kernel: torch's is as fast there
+    if dtype == torch.bfloat16:
+        # No AVX2 kernel (torch's is as fast there); AVX512-BF16 CPUs run the AVX-512 one too.
+        return ("torch", *PATHS[2 : best + 1])
     return PATHS[: best + 1]
 
 

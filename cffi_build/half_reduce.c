@@ -19,28 +19,29 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-typedef void (*half_loop)(int op, const uint16_t *in, uint16_t *inout, size_t n);
+typedef void (*half_loop)(int op, const uint16_t *in, const uint16_t *acc, uint16_t *out, size_t n);
 
-/* Applies `combine` to 16 (AVX-512) or 8 (AVX2) lanes at a time; the tail goes
- * through a zero-padded stack copy, so no masked loads are needed. COMBINE gets
- * (out, in): the operand order torch's kernels use. */
-#define HALF_LOOP(NAME, TARGET, LANES, VEC, LOAD, STORE, COMBINE)                     \
-    __attribute__((target(TARGET))) static void NAME(int op, const uint16_t *in,     \
-                                                     uint16_t *inout, size_t n) {    \
-        size_t i = 0;                                                                 \
-        for (; i + LANES <= n; i += LANES) {                                          \
-            VEC r = COMBINE(op, LOAD(inout + i), LOAD(in + i));                       \
-            STORE(inout + i, r);                                                      \
-        }                                                                             \
-        if (i < n) {                                                                  \
-            uint16_t a[LANES] = {0}, b[LANES] = {0};                                  \
-            size_t left = n - i;                                                      \
-            memcpy(a, in + i, left * 2);                                              \
-            memcpy(b, inout + i, left * 2);                                           \
-            VEC r = COMBINE(op, LOAD(b), LOAD(a));                                    \
-            STORE(b, r);                                                              \
-            memcpy(inout + i, b, left * 2);                                           \
-        }                                                                             \
+/* out[i] = acc[i] (op) in[i], 16 (AVX-512) or 8 (AVX2) lanes at a time; acc may
+ * be out (in place). The tail goes through a zero-padded stack copy, so no
+ * masked loads are needed. COMBINE gets (acc, in): the operand order torch's
+ * kernels use. */
+#define HALF_LOOP(NAME, TARGET, LANES, VEC, LOAD, STORE, COMBINE)                                      \
+    __attribute__((target(TARGET))) static void NAME(int op, const uint16_t *in, const uint16_t *acc, \
+                                                     uint16_t *out, size_t n) {                       \
+        size_t i = 0;                                                                                  \
+        for (; i + LANES <= n; i += LANES) {                                                           \
+            VEC r = COMBINE(op, LOAD(acc + i), LOAD(in + i));                                          \
+            STORE(out + i, r);                                                                         \
+        }                                                                                              \
+        if (i < n) {                                                                                   \
+            uint16_t a[LANES] = {0}, b[LANES] = {0};                                                   \
+            size_t left = n - i;                                                                       \
+            memcpy(a, in + i, left * 2);                                                               \
+            memcpy(b, acc + i, left * 2);                                                              \
+            VEC r = COMBINE(op, LOAD(b), LOAD(a));                                                     \
+            STORE(b, r);                                                                               \
+            memcpy(out + i, b, left * 2);                                                              \
+        }                                                                                              \
     }
 
 /* ---- AVX-512: 16 lanes ---------------------------------------------------- */
@@ -175,7 +176,7 @@ static half_loop loop_for(int dtype, int path) {
 
 #else /* not x86-64 with GCC or clang: no vector path; Python uses torch */
 
-typedef void (*half_loop)(int op, const uint16_t *in, uint16_t *inout, size_t n);
+typedef void (*half_loop)(int op, const uint16_t *in, const uint16_t *acc, uint16_t *out, size_t n);
 static int path_for(int dtype) { (void)dtype; return HALF_PATH_NONE; }
 static half_loop loop_for(int dtype, int path) { (void)dtype; (void)path; return NULL; }
 
@@ -191,14 +192,18 @@ int hpccomm_half_path(int dtype) {
     return known[dtype];
 }
 
-int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n) {
+int hpccomm_half_reduce_into(int dtype, int op, int path, const void *in, const void *acc, void *out, size_t n) {
     if (op < HALF_OP_SUM || op > HALF_OP_MAX || path <= HALF_PATH_NONE || path > hpccomm_half_path(dtype))
         return -1; /* a path this CPU lacks would die of SIGILL */
     half_loop loop = loop_for(dtype, path);
     if (loop == NULL)
         return -1;
-    loop(op, (const uint16_t *)in, (uint16_t *)inout, n);
+    loop(op, (const uint16_t *)in, (const uint16_t *)acc, (uint16_t *)out, n);
     return 0;
+}
+
+int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n) {
+    return hpccomm_half_reduce_into(dtype, op, path, in, inout, inout, n);
 }
 
 /* ---- MPI user functions ---------------------------------------------------------
@@ -222,8 +227,8 @@ int hpccomm_half_use_path(int dtype, int path) {
     static void NAME(void *in, void *inout, int *len, void *datatype) {                 \
         (void)datatype;                                                                 \
         if (*len > 0)                                                                   \
-            loop_for(DTYPE, mpi_path[DTYPE])(OP, (const uint16_t *)in, (uint16_t *)inout, \
-                                             (size_t)*len);                             \
+            loop_for(DTYPE, mpi_path[DTYPE])(OP, (const uint16_t *)in, (const uint16_t *)inout, \
+                                             (uint16_t *)inout, (size_t)*len);          \
     }
 
 MPI_FUNCTION(mpi_bf16_sum, HALF_BF16, HALF_OP_SUM)

@@ -17,6 +17,10 @@ int hpccomm_half_path(int dtype);
  * hpccomm_half_path(dtype)). Returns 0, or -1 for an unknown op or unavailable path. */
 int hpccomm_half_reduce(int dtype, int op, int path, const void *in, void *inout, size_t n);
 
+/* out[i] = acc[i] (op) in[i]: as hpccomm_half_reduce, with the result written
+ * elsewhere (acc may equal out). */
+int hpccomm_half_reduce_into(int dtype, int op, int path, const void *in, const void *acc, void *out, size_t n);
+
 /* Fix the path the MPI user functions below run for the dtype (at most
  * hpccomm_half_path). Returns 0, or -1 for a path this CPU or build lacks. */
 int hpccomm_half_use_path(int dtype, int path);

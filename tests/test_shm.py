@@ -13,6 +13,11 @@ def test_shared_memory_all_reduce(nprocs):
     assert_all_ranks_ok(run, nprocs)
 
 
+def test_shared_memory_all_reduce_with_torch_half_kernels():
+    run = run_ranks(2, "shm.py", env={**SHM_EVERYWHERE, "HPCCOMM_HALF_KERNELS": "torch"}, limit_s=300)
+    assert_all_ranks_ok(run, 2)
+
+
 def test_shared_memory_all_reduce_without_progress_thread():
     run = run_ranks(3, "shm.py", env={**SHM_EVERYWHERE, "HPCCOMM_PROGRESS_THREAD": "0"}, limit_s=300)
     assert_all_ranks_ok(run, 3)

@@ -96,6 +96,33 @@ def reducer(kind: Any, dtype: torch.dtype, via: str | None = None) -> Reducer:
     return _compiled_reducer(_DTYPE_CODES[dtype], _OP_CODES[kind], PATHS.index(chosen))
 
 
+def tensor_reducer(kind: Any, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
+    """``reduce(out, acc, other)``: out = acc (kind) other for contiguous ``dtype`` tensors of one size.
+
+    ``acc`` may be ``out``. Runs on :func:`path`, like hpccomm's MPI ops.
+    """
+    chosen = path(dtype)
+    if chosen == "torch":
+        kernel = _TORCH_KERNELS[kind]
+
+        def reduce_with_torch(out: torch.Tensor, acc: torch.Tensor, other: torch.Tensor) -> None:
+            if out.data_ptr() != acc.data_ptr():
+                out.copy_(acc)
+            kernel(out, other)
+
+        return reduce_with_torch
+    reduce_into = _compiled.lib.hpccomm_half_reduce_into
+    codes = (_DTYPE_CODES[dtype], _OP_CODES[kind], PATHS.index(chosen))
+    void_p = _compiled.ffi.cast
+
+    def reduce_compiled(out: torch.Tensor, acc: torch.Tensor, other: torch.Tensor) -> None:
+        pointers = (void_p("void *", other.data_ptr()), void_p("void *", acc.data_ptr()))
+        if reduce_into(*codes, *pointers, void_p("void *", out.data_ptr()), out.numel()):
+            raise RuntimeError("hpccomm: the compiled 16-bit reduction refused its arguments")
+
+    return reduce_compiled
+
+
 def mpi_op(kind: Any, dtype: torch.dtype) -> Any:
     """The MPI op reducing ``dtype`` words with ``kind``: a C function where compiled, else Python."""
     chosen = path(dtype)

@@ -237,13 +237,12 @@ def _map_segment(comm: Any, nbytes: int) -> mmap.mmap | None:
 def _part_reducer(kind: Any, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor, list[torch.Tensor]], None]:
     """``reduce(out, mine, others)``: out = mine (kind) others[0] (kind) ..., element-wise."""
     if dtype in half_reduce.HALF_DTYPES:
-        body = half_reduce.reducer(kind, dtype)
-        fromaddress = mpi().buffer.fromaddress
+        combine = half_reduce.tensor_reducer(kind, dtype)
 
         def reduce_half(out: torch.Tensor, mine: torch.Tensor, others: list[torch.Tensor]) -> None:
-            out.copy_(mine)  # the compiled kernels reduce in place
-            for other in others:
-                body(fromaddress(other.data_ptr(), other.nbytes), fromaddress(out.data_ptr(), out.nbytes), None)
+            combine(out, mine, others[0])
+            for other in others[1:]:
+                combine(out, out, other)
 
         return reduce_half
     binary, in_place = _BINARY[kind], _KERNELS[kind]
@@ -317,6 +316,9 @@ class ShmAllreduce:
         """Run the current phase of the current chunk if every rank is ready for it."""
         channel, seq, phase = self._channel, self._seq, self._phase
         if not channel.reached(_PHASES * seq + phase):
+            # Another rank is still copying or reducing: if it shares this core
+            # (more ranks and threads than cores), spinning would only delay it.
+            os.sched_yield()
             return False
         rank, size = channel.rank, channel.size
         offset = (seq - self._first_seq) * self._per_chunk

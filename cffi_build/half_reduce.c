@@ -1,8 +1,9 @@
 /*
- * Element-wise reductions of bfloat16 and float16 vectors, the bodies of
+ * Element-wise reductions of bfloat16 and float16 vectors: the bodies of
  * hpccomm's user-defined MPI ops for those dtypes (MPI has no usable 16-bit
- * float types). Each element is widened to float32, combined, and rounded back
- * to nearest-even, as torch does; NaN propagates through MIN and MAX, as
+ * float types) and of the shared-memory all-reduce (shm_allreduce.c). Each
+ * element is widened to float32, combined, and rounded back to nearest-even,
+ * as torch does; NaN propagates through MIN and MAX, as
  * torch.minimum/maximum do.
  *
  * Only vector paths live here: where the CPU has none of them,
@@ -65,21 +66,42 @@ __attribute__((target(AVX512))) static inline __m512 combine512(int op, __m512 o
     }
 }
 
-__attribute__((target(AVX512))) static inline __m512 load_bf16_512(const uint16_t *p) {
-    __m256i words = _mm256_loadu_si256((const __m256i *)p);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(words), 16));
+/* bfloat16 is the high half of a float32, so a 512-bit vector of 32 of them
+ * widens without shuffles: shifted left 16 bits it holds the even elements as
+ * float32, masked to its high halves the odd ones. Both are combined and
+ * rounded in place, then merged back: no cross-lane work at all. */
+__attribute__((target(AVX512))) static inline __m512i round_to_high_half(__m512 v) {
+    /* Round to nearest-even by hand (AVX512-BF16's vcvtneps2bf16 would flush
+     * subnormals to zero, which torch does not); NaN becomes a quiet NaN. */
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
+    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    return _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(bits, _mm512_set1_epi32(0x400000)));
 }
 
-__attribute__((target(AVX512))) static inline void store_bf16_512(uint16_t *p, __m512 v) {
-    /* Round to nearest-even by hand: AVX512-BF16's vcvtneps2bf16 would flush
-     * subnormals to zero, which torch does not. NaN becomes a quiet NaN. */
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i high = _mm512_srli_epi32(bits, 16);
-    __m512i bias = _mm512_add_epi32(_mm512_and_si512(high, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fff));
-    __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
-    __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    __m512i words = _mm512_mask_mov_epi32(rounded, nan, _mm512_or_si512(high, _mm512_set1_epi32(0x40)));
-    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(words));
+__attribute__((target(AVX512))) static void bf16_avx512(int op, const uint16_t *in, const uint16_t *acc, uint16_t *out,
+                                                        size_t n) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512i a = _mm512_loadu_si512(acc + i), b = _mm512_loadu_si512(in + i);
+        __m512 even = combine512(op, _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                                 _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)));
+        __m512 odd = combine512(op, _mm512_castsi512_ps(_mm512_and_si512(a, high)),
+                                _mm512_castsi512_ps(_mm512_and_si512(b, high)));
+        __m512i merged = _mm512_or_si512(_mm512_srli_epi32(round_to_high_half(even), 16),
+                                         _mm512_and_si512(round_to_high_half(odd), high));
+        _mm512_storeu_si512(out + i, merged);
+    }
+    if (i < n) { /* the tail through a zero-padded copy, as HALF_LOOP does */
+        uint16_t a[32] = {0}, b[32] = {0};
+        size_t left = n - i;
+        memcpy(a, in + i, left * 2);
+        memcpy(b, acc + i, left * 2);
+        bf16_avx512(op, a, b, b, 32);
+        memcpy(out + i, b, left * 2);
+    }
 }
 
 __attribute__((target(AVX512))) static inline __m512 load_f16_512(const uint16_t *p) {
@@ -90,35 +112,6 @@ __attribute__((target(AVX512))) static inline void store_f16_512(uint16_t *p, __
     _mm256_storeu_si256((__m256i *)p, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 
-HALF_LOOP(bf16_avx512, AVX512, 16, __m512, load_bf16_512, store_bf16_512, combine512)
-
-/* ---- AVX-512 with BF16 instructions: bfloat16 only ----------------------------- */
-
-#define AVX512BF16 "avx512f,avx512bf16"
-
-__attribute__((target(AVX512BF16))) static inline void store_bf16_512_native(uint16_t *p, __m512 v) {
-    /* vcvtneps2bf16 rounds like store_bf16_512 in one instruction, but flushes
-     * subnormals to zero: vectors holding one (rare) take the exact route. */
-    __m512i bits = _mm512_castps_si512(v);
-    __mmask16 nonzero = _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x7fffffff));
-    __mmask16 zero_exponent = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000));
-    if (nonzero & zero_exponent) {
-        store_bf16_512(p, v);
-        return;
-    }
-    __m256bh packed = _mm512_cvtneps_pbh(v);
-    memcpy(p, &packed, 32);
-}
-
-__attribute__((target(AVX512BF16))) static inline __m512 combine512bf(int op, __m512 out, __m512 in) {
-    return combine512(op, out, in);
-}
-
-__attribute__((target(AVX512BF16))) static inline __m512 load_bf16_512bf(const uint16_t *p) {
-    return load_bf16_512(p);
-}
-
-HALF_LOOP(bf16_avx512bf16, AVX512BF16, 16, __m512, load_bf16_512bf, store_bf16_512_native, combine512bf)
 HALF_LOOP(f16_avx512, AVX512, 16, __m512, load_f16_512, store_f16_512, combine512)
 
 /* ---- AVX2 + F16C: 8 lanes, float16 only ------------------------------------ */
@@ -154,9 +147,7 @@ HALF_LOOP(f16_avx2, AVX2, 8, __m256, load_f16_256, store_f16_256, combine256)
 static int path_for(int dtype) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f");
-    if (dtype == HALF_BF16) { /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
-        if (avx512 && __builtin_cpu_supports("avx512bf16"))
-            return HALF_PATH_AVX512BF16;
+    if (dtype == HALF_BF16) /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
         return avx512 ? HALF_PATH_AVX512 : HALF_PATH_NONE;
     }
     if (avx512)
@@ -165,8 +156,6 @@ static int path_for(int dtype) {
 }
 
 static half_loop loop_for(int dtype, int path) {
-    if (path == HALF_PATH_AVX512BF16 && dtype == HALF_BF16)
-        return bf16_avx512bf16;
     if (path == HALF_PATH_AVX512)
         return dtype == HALF_BF16 ? bf16_avx512 : f16_avx512;
     if (path == HALF_PATH_AVX2 && dtype == HALF_F16)

@@ -42,13 +42,14 @@ class Config:
             progress only while some rank thread waits on MPI.
         half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
-            the CPU has, else torch), ``torch``, ``avx2``, ``avx512`` or ``avx512bf16``
+            the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
             (at most that path; for tests and comparisons).
         shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
-            shared-memory window a group whose ranks share a node reduces
-            through (default 4 MiB; 0 turns shared memory off).
+            shared segment a group whose ranks share a node reduces through,
+            four pipeline chunks of a quarter each (default 1 MiB; 0 turns
+            shared memory off).
         shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: smaller all-reduces stay on
-            MPI's all-reduce (default 8 MiB, where it starts to win here).
+            MPI's all-reduce (default 32 KiB, from where it wins here).
     """
 
     debug: bool
@@ -85,8 +86,8 @@ def _read() -> Config:
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
         progress_thread=_flag("HPCCOMM_PROGRESS_THREAD", default=True),
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
-        shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
-        shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 8 << 20),
+        shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 1 << 20),
+        shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 32 << 10),
     )
 
 

@@ -1,6 +1,6 @@
 """Metadata lives in pyproject.toml; this adds the optional cffi extensions.
 
-``hpccomm._half_reduce`` and ``hpccomm._shm_sync`` (built from cffi_build/)
+``hpccomm._half_reduce`` and ``hpccomm._shm_allreduce`` (built from cffi_build/)
 are optional: where they cannot be compiled the install still succeeds,
 bfloat16/float16 reductions use torch and all-reduce always goes through MPI's
 collectives.
@@ -11,6 +11,6 @@ from setuptools import setup
 setup(
     cffi_modules=[
         "cffi_build/half_reduce_build.py:ffibuilder",
-        "cffi_build/shm_sync_build.py:ffibuilder",
+        "cffi_build/shm_allreduce_build.py:ffibuilder",
     ]
 )

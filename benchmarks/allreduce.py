@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-DEFAULT_SIZES = [4, 1024, 65536, 1 << 20, 16 << 20, 64 << 20]
+DEFAULT_SIZES = [4, 1024, 65536, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
 def iterations_for(nbytes: int) -> int:

@@ -40,7 +40,7 @@ RedOpType = dist.ReduceOp.RedOpType
 Reducer = Callable[[Any, Any, Any], None]
 
 HALF_DTYPES = (torch.bfloat16, torch.float16)
-PATHS = ("torch", "avx2", "avx512", "avx512bf16")  # index = the C library's HALF_PATH_* value
+PATHS = ("torch", "avx2", "avx512")  # index = the C library's HALF_PATH_* value
 _DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1}
 _OP_CODES = {RedOpType.SUM: 0, RedOpType.PRODUCT: 1, RedOpType.MIN: 2, RedOpType.MAX: 3}
 _TORCH_KERNELS = {
@@ -60,7 +60,7 @@ def available_paths(dtype: torch.dtype) -> tuple[str, ...]:
     """Every path that can reduce ``dtype`` here, slowest ('torch') first."""
     best = _compiled.lib.hpccomm_half_path(_DTYPE_CODES[dtype]) if _compiled is not None else 0
     if dtype == torch.bfloat16:
-        # No AVX2 kernel (torch's is as fast there); AVX512-BF16 CPUs run the AVX-512 one too.
+        # No AVX2 kernel: torch's is as fast there.
         return ("torch", *PATHS[2 : best + 1])
     return PATHS[: best + 1]
 
@@ -96,31 +96,20 @@ def reducer(kind: Any, dtype: torch.dtype, via: str | None = None) -> Reducer:
     return _compiled_reducer(_DTYPE_CODES[dtype], _OP_CODES[kind], PATHS.index(chosen))
 
 
-def tensor_reducer(kind: Any, dtype: torch.dtype) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None]:
-    """``reduce(out, acc, other)``: out = acc (kind) other for contiguous ``dtype`` tensors of one size.
+def compiled_reducer(kind: Any, dtype: torch.dtype) -> tuple[int, int, int, int] | None:
+    """The C function that reduces ``dtype`` with ``kind`` on :func:`path`, for C callers.
 
-    ``acc`` may be ``out``. Runs on :func:`path`, like hpccomm's MPI ops.
+    Returns:
+        ``(address, dtype code, op code, path code)``: ``address`` is
+        ``hpccomm_half_reduce_into`` (see ``cffi_build/half_reduce.h``), to be
+        called with the three codes; None where :func:`path` is 'torch'.
     """
     chosen = path(dtype)
     if chosen == "torch":
-        kernel = _TORCH_KERNELS[kind]
-
-        def reduce_with_torch(out: torch.Tensor, acc: torch.Tensor, other: torch.Tensor) -> None:
-            if out.data_ptr() != acc.data_ptr():
-                out.copy_(acc)
-            kernel(out, other)
-
-        return reduce_with_torch
-    reduce_into = _compiled.lib.hpccomm_half_reduce_into
-    codes = (_DTYPE_CODES[dtype], _OP_CODES[kind], PATHS.index(chosen))
-    void_p = _compiled.ffi.cast
-
-    def reduce_compiled(out: torch.Tensor, acc: torch.Tensor, other: torch.Tensor) -> None:
-        pointers = (void_p("void *", other.data_ptr()), void_p("void *", acc.data_ptr()))
-        if reduce_into(*codes, *pointers, void_p("void *", out.data_ptr()), out.numel()):
-            raise RuntimeError("hpccomm: the compiled 16-bit reduction refused its arguments")
-
-    return reduce_compiled
+        return None
+    ffi, lib = _compiled.ffi, _compiled.lib
+    address = int(ffi.cast("uintptr_t", ffi.addressof(lib, "hpccomm_half_reduce_into")))
+    return address, _DTYPE_CODES[dtype], _OP_CODES[kind], PATHS.index(chosen)
 
 
 def mpi_op(kind: Any, dtype: torch.dtype) -> Any:

@@ -18,14 +18,26 @@ from rankcheck import check, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-SLOT_BYTES = int(os.environ["HPCCOMM_SHM_SLOT_BYTES"])
 KINDS = {
     dist.ReduceOp.SUM: torch.add,
     dist.ReduceOp.PRODUCT: torch.mul,
     dist.ReduceOp.MIN: torch.minimum,
     dist.ReduceOp.MAX: torch.maximum,
 }
-DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int8, torch.int32, torch.int64)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.uint8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.complex64,
+    torch.complex128,
+)
+HALF_ON_TORCH = os.environ.get("HPCCOMM_HALF_KERNELS") == "torch"
 
 
 def channel(group=None) -> SharedMemoryChannel | None:
@@ -37,7 +49,12 @@ def data(rank: int, numel: int, dtype: torch.dtype, kind) -> torch.Tensor:
     """Small integers (exact in every dtype), different per rank and position."""
     gen = torch.Generator().manual_seed(1000 + rank)
     low, high = (-1, 2) if kind == dist.ReduceOp.PRODUCT else (-4, 5)
-    return torch.randint(low, high, (numel,), generator=gen).to(dtype)
+    if dtype == torch.uint8:
+        low, high = 0, high - low
+    values = torch.randint(low, high, (numel,), generator=gen)
+    if dtype.is_complex:
+        values = torch.complex(values.double(), torch.randint(low, high, (numel,), generator=gen).double())
+    return values.to(dtype)
 
 
 def expected(numel: int, dtype: torch.dtype, kind) -> torch.Tensor:
@@ -60,15 +77,19 @@ def groups_on_one_node_get_a_channel():
 def all_reduce_in_many_chunks_matches_local_values():
     wrong = []
     for dtype in DTYPES:
-        per_slot = SLOT_BYTES // dtype.itemsize
-        # Around chunk boundaries, and fewer elements than ranks.
-        for numel in (1, SIZE - 1 or 1, per_slot - 1, per_slot, per_slot + 1, 3 * per_slot + 7):
+        per_chunk = channel().chunk_bytes // dtype.itemsize
+        # Around chunk boundaries, more chunks than a slot holds, and fewer elements than ranks.
+        for numel in (1, SIZE - 1 or 1, per_chunk - 1, per_chunk, per_chunk + 1, 9 * per_chunk + 7):
             for kind in KINDS:
+                if dtype.is_complex and kind != dist.ReduceOp.SUM:
+                    continue  # rejected before any communication (tests/ranks/collectives.py)
                 t = data(RANK, numel, dtype, kind)
                 before = channel().chunks_posted
                 dist.all_reduce(t, op=kind)
-                if channel().chunks_posted == before:
-                    wrong.append(f"{dtype} n={numel} {kind}: not on the shared-memory path")
+                # 16-bit floats need the compiled kernels to take the shared-memory path.
+                shared = not (HALF_ON_TORCH and dtype in (torch.bfloat16, torch.float16))
+                if (channel().chunks_posted != before) != shared:
+                    wrong.append(f"{dtype} n={numel} {kind}: shared-memory path taken: {not shared}")
                 if not torch.equal(t, expected(numel, dtype, kind)):
                     wrong.append(f"{dtype} n={numel} {kind}")
     assert not wrong, f"{len(wrong)} wrong, first: {wrong[:5]}"
@@ -82,6 +103,18 @@ def every_rank_gets_the_same_bits():
     gathered = [torch.empty_like(t) for _ in range(SIZE)]
     dist.all_gather(gathered, t)
     assert all(torch.equal(g.view(torch.int32), t.view(torch.int32)) for g in gathered)
+
+
+@check
+def nan_wins_min_and_max_and_integers_wrap():
+    t = torch.tensor([1.0, float("nan") if RANK == SIZE - 1 else 2.0, -0.0])
+    for kind in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+        out = t.clone()
+        dist.all_reduce(out, op=kind)
+        assert out[0] == 1.0 and out[1].isnan(), f"{kind}: {out}"
+    wrapped = torch.full((100,), 100, dtype=torch.int8)
+    dist.all_reduce(wrapped)
+    assert torch.all(wrapped == torch.tensor(100 * SIZE).to(torch.int8)), wrapped[:3]
 
 
 @check

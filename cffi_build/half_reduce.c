@@ -149,7 +149,6 @@ static int path_for(int dtype) {
     int avx512 = __builtin_cpu_supports("avx512f");
     if (dtype == HALF_BF16) /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
         return avx512 ? HALF_PATH_AVX512 : HALF_PATH_NONE;
-    }
     if (avx512)
         return HALF_PATH_AVX512;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? HALF_PATH_AVX2 : HALF_PATH_NONE;

@@ -85,7 +85,7 @@ static int try_copy_in(hpccomm_shm_allreduce *ar) {
     size_t first, n, lo, hi;
     chunk_span(ar, c, &first, &n);
     part(ar, n, ar->rank, &lo, &hi);
-    const char *src = ar->data + first * ar->elem_size;
+    const char *src = (char *)ar->data + first * ar->elem_size;
     char *dst = buffer(ar, ar->rank, global);
     /* Its own part this rank reads from its tensor when it reduces. */
     memcpy(dst, src, lo);
@@ -104,7 +104,7 @@ static int try_reduce(hpccomm_shm_allreduce *ar) {
     part(ar, n, ar->rank, &lo, &hi);
     if (hi > lo) {
         char *mine = buffer(ar, ar->rank, global) + lo;
-        char *tensor = ar->data + first * ar->elem_size + lo;
+        char *tensor = (char *)ar->data + first * ar->elem_size + lo;
         size_t elems = (hi - lo) / ar->elem_size;
         const char *acc = tensor;
         for (int k = 0; k < ar->size; k++) {
@@ -127,7 +127,7 @@ static int try_copy_out(hpccomm_shm_allreduce *ar) {
         return 0;
     size_t first, n, lo, hi;
     chunk_span(ar, c, &first, &n);
-    char *tensor = ar->data + first * ar->elem_size;
+    char *tensor = (char *)ar->data + first * ar->elem_size;
     for (int k = 0; k < ar->size; k++) {
         part(ar, n, k, &lo, &hi);
         if (k != ar->rank && hi > lo)

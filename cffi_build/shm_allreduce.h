@@ -29,7 +29,7 @@ typedef struct {
     size_t buffer_stride;     /* bytes from one chunk buffer to the next in a slot */
     int size;                 /* ranks on the segment */
     int rank;                 /* this one */
-    char *data;               /* the tensor (contiguous), reduced in place */
+    uintptr_t data;           /* the tensor's address (contiguous), reduced in place */
     size_t count;             /* its elements */
     size_t elem_size;         /* bytes per element */
     size_t chunk_elems;       /* elements per pipeline chunk (at most buffer_stride bytes) */

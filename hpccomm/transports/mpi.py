@@ -22,7 +22,7 @@ import torch
 from ..world import mpi
 from . import Transport
 from .mpi_types import Reduction, datatype
-from .shm import SharedMemoryChannel
+from .shm import SharedMemoryChannel, ShmAllreduce
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.
@@ -194,13 +194,15 @@ class MPITransport(Transport):
 
     # -- element-wise collectives ------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending:
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending | ShmAllreduce:
         if len(tensors) == 1 and reduction.plain:
             tensor = tensors[0]
             if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
                 shm = self._shm
-                if shm is not None and tensor.nbytes >= shm.min_bytes and shm.accepts(tensor, reduction.kind):
-                    return shm.allreduce(tensor, reduction.kind)
+                if shm is not None and tensor.nbytes >= shm.min_bytes:
+                    posted = shm.allreduce(tensor, reduction.kind)
+                    if posted is not None:
+                        return posted
                 buf = self._fromaddress(tensor.data_ptr(), tensor.nbytes)
                 return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
         MPI = mpi()

@@ -48,6 +48,7 @@ except ImportError:  # built without a C compiler: all-reduce stays on MPI
     _engine = None
 
 RedOpType = dist.ReduceOp.RedOpType
+_UNPLANNED = object()
 _SHM_DIR = "/dev/shm"
 _LINE = 64  # bytes: one progress counter per cache line, so ranks never share one
 _COUNTERS_PER_RANK = 3
@@ -104,6 +105,9 @@ class SharedMemoryChannel:
         self._counters = _engine.ffi.cast("int64_t *", address)
         self._slots = _engine.ffi.cast("char *", address + _LINE * _COUNTERS_PER_RANK * self._size)
         self._plans: dict[tuple[torch.dtype, Any], Any] = {}
+        # Resolved once: all_reduce's hot path makes one engine state per call.
+        self._new_state = _engine.ffi.new
+        self._state_type = _engine.ffi.typeof("hpccomm_shm_allreduce *")
         self._next_chunk = 0
         self._tail: ShmAllreduce | None = None
         # Held while the engine touches the segment, and by close(): the
@@ -139,14 +143,20 @@ class SharedMemoryChannel:
             return None
         return cls(comm, segment, slot_bytes, settings.shm_min_bytes)
 
-    def accepts(self, tensor: torch.Tensor, kind: Any) -> bool:
-        """Whether an all-reduce of ``tensor`` (contiguous, CPU) with ``kind`` goes through shared memory."""
-        return tensor.nbytes >= self.min_bytes and self._plan(tensor.dtype, kind) is not None
+    def allreduce(self, tensor: torch.Tensor, kind: Any) -> ShmAllreduce | None:
+        """Post an in-place all-reduce of the contiguous CPU ``tensor``; it runs as it is polled.
 
-    def allreduce(self, tensor: torch.Tensor, kind: Any) -> ShmAllreduce:
-        """Post an in-place all-reduce of the contiguous ``tensor`` (``accepts`` it); it runs as it is polled."""
-        ar = _engine.ffi.new("hpccomm_shm_allreduce *", self._plan(tensor.dtype, kind)[0])
-        ar.data = _engine.ffi.cast("char *", tensor.data_ptr())
+        Returns:
+            the pending all-reduce, or None where this path does not take the
+            dtype/op pair (then nothing was posted: use MPI).
+        """
+        plan = self._plans.get((tensor.dtype, kind), _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._plan(tensor.dtype, kind)
+        if plan is None:
+            return None
+        ar = self._new_state(self._state_type, plan[0])
+        ar.data = tensor.data_ptr()
         ar.count = count = tensor.numel()
         ar.base = self._next_chunk
         ar.chunks = chunks = -(-count // ar.chunk_elems)
@@ -160,10 +170,6 @@ class SharedMemoryChannel:
 
         Everything but the tensor and the chunk numbers; made once per pair.
         """
-        try:
-            return self._plans[dtype, kind]
-        except KeyError:
-            pass
         ffi, lib = _engine.ffi, _engine.lib
         if kind not in _OP_CODES:
             reducer = None
@@ -267,6 +273,8 @@ class ShmAllreduce:
         tensor: the tensor it reduces in place, held until it completes.
         previous: the all-reduce posted before it on the channel, driven first.
     """
+
+    __slots__ = ("_channel", "_ar", "_tensor", "_previous")
 
     def __init__(self, channel: SharedMemoryChannel, ar: Any, tensor: torch.Tensor, previous: ShmAllreduce | None) -> None:
         self._channel = channel

@@ -45,8 +45,8 @@ class Config:
             the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
             (at most that path; for tests and comparisons).
         shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
-            shared segment a group whose ranks share a node reduces through,
-            four pipeline chunks of a quarter each (default 1 MiB; 0 turns
+            shared segment a group whose ranks share a node reduces through:
+            four pipeline buffers of a quarter each (default 4 MiB; 0 turns
             shared memory off).
         shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: smaller all-reduces stay on
             MPI's all-reduce (default 32 KiB, from where it wins here).
@@ -86,7 +86,7 @@ def _read() -> Config:
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
         progress_thread=_flag("HPCCOMM_PROGRESS_THREAD", default=True),
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
-        shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 1 << 20),
+        shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 32 << 10),
     )
 

@@ -60,6 +60,12 @@ _BUFFERS = 4
 #: all-reduce ran 4-9x slower than with these offsets.
 _BUFFER_PAD = 17 * _LINE
 _SLOT_PAD = 33 * _LINE
+#: Chunk size for all-reduces of up to _CHUNKS_PER_ALLREDUCE chunks (capped at
+#: a quarter buffer); larger ones use larger chunks, up to a buffer (a quarter
+#: slot): every chunk costs hand-offs, and where ranks outnumber cores each
+#: hand-off may wait for a context switch. 256 KiB was fastest at 1-4 MiB.
+_CHUNK_BYTES = 256 << 10
+_CHUNKS_PER_ALLREDUCE = 16
 #: Polls per :meth:`ShmAllreduce.test` before it returns to Python's checks.
 _POLLS_PER_TEST = 256
 _OP_CODES = {RedOpType.SUM: 0, RedOpType.PRODUCT: 1, RedOpType.MIN: 2, RedOpType.MAX: 3}
@@ -159,6 +165,9 @@ class SharedMemoryChannel:
         ar.data = tensor.data_ptr()
         ar.count = count = tensor.numel()
         ar.base = self._next_chunk
+        if count > _CHUNKS_PER_ALLREDUCE * ar.chunk_elems:
+            # Fewer, larger chunks for large tensors (up to a buffer): each chunk costs hand-offs.
+            ar.chunk_elems = min(self.buffer_bytes // tensor.element_size(), -(-count // _CHUNKS_PER_ALLREDUCE))
         ar.chunks = chunks = -(-count // ar.chunk_elems)
         self._next_chunk += chunks
         work = ShmAllreduce(self, ar, tensor, self._tail)
@@ -210,9 +219,14 @@ class SharedMemoryChannel:
                 pass  # something still exports it; unmapped when that is freed
 
     @property
-    def chunk_bytes(self) -> int:
-        """How many bytes of a tensor one pipeline chunk carries."""
+    def buffer_bytes(self) -> int:
+        """The most tensor bytes one pipeline chunk carries (a quarter slot)."""
         return self._slot_bytes // _BUFFERS
+
+    @property
+    def chunk_bytes(self) -> int:
+        """How many tensor bytes a chunk carries in an all-reduce of up to ``_CHUNKS_PER_ALLREDUCE`` chunks."""
+        return min(_CHUNK_BYTES, self.buffer_bytes // 4)
 
     @property
     def chunks_posted(self) -> int:

@@ -78,8 +78,10 @@ def all_reduce_in_many_chunks_matches_local_values():
     wrong = []
     for dtype in DTYPES:
         per_chunk = channel().chunk_bytes // dtype.itemsize
-        # Around chunk boundaries, more chunks than a slot holds, and fewer elements than ranks.
-        for numel in (1, SIZE - 1 or 1, per_chunk - 1, per_chunk, per_chunk + 1, 9 * per_chunk + 7):
+        # Around chunk boundaries, more chunks than a slot holds, fewer elements than ranks, and
+        # large enough for larger chunks (odd-sized, then a whole buffer each).
+        for numel in (1, SIZE - 1 or 1, per_chunk - 1, per_chunk, per_chunk + 1, 9 * per_chunk + 7,
+                      40 * per_chunk + 3, 100 * per_chunk + 1):
             for kind in KINDS:
                 if dtype.is_complex and kind != dist.ReduceOp.SUM:
                     continue  # rejected before any communication (tests/ranks/collectives.py)

@@ -7,8 +7,9 @@
 enum { HALF_BF16 = 0, HALF_F16 = 1 };
 /* reductions, as torch's SUM, PRODUCT, MIN, MAX */
 enum { HALF_OP_SUM = 0, HALF_OP_PRODUCT = 1, HALF_OP_MIN = 2, HALF_OP_MAX = 3 };
-/* vector paths, slowest first */
-enum { HALF_PATH_NONE = 0, HALF_PATH_AVX2 = 1, HALF_PATH_AVX512 = 2 };
+/* vector paths, slowest first; AVX512-BF16 rounds bfloat16 in hardware (float16
+ * runs its AVX-512 kernel there) */
+enum { HALF_PATH_NONE = 0, HALF_PATH_AVX2 = 1, HALF_PATH_AVX512 = 2, HALF_PATH_AVX512_BF16 = 3 };
 
 /* The fastest path this CPU runs for the dtype (HALF_PATH_NONE: reduce with torch). */
 int hpccomm_half_path(int dtype);

@@ -42,8 +42,8 @@ class Config:
             progress only while some rank thread waits on MPI.
         half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
-            the CPU has, else torch), ``torch``, ``avx2`` or ``avx512``
-            (at most that path; for tests and comparisons).
+            the CPU has, else torch), ``torch``, ``avx2``, ``avx512`` or
+            ``avx512bf16`` (at most that path; for tests and comparisons).
         shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
             shared segment a group whose ranks share a node reduces through:
             four pipeline buffers of a quarter each (default 4 MiB; 0 turns

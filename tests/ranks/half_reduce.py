@@ -81,8 +81,11 @@ def same_bits(got: torch.Tensor, want: torch.Tensor) -> bool:
 def compiled_kernels_are_built_and_chosen():
     assert half_reduce.compiled_available(), "hpccomm._half_reduce is missing: the package was built without it"
     flags = cpu_flags()
-    if "avx512f" in flags:
+    if {"avx512f", "avx512bw", "avx512dq", "avx512_bf16"} <= flags:
+        assert half_reduce.path(torch.bfloat16) == "avx512bf16", half_reduce.available_paths(torch.bfloat16)
+    elif "avx512f" in flags:
         assert half_reduce.path(torch.bfloat16) == "avx512", half_reduce.available_paths(torch.bfloat16)
+    if "avx512f" in flags:
         assert half_reduce.path(torch.float16) == "avx512", half_reduce.available_paths(torch.float16)
     elif {"avx2", "f16c"} <= flags:
         assert half_reduce.path(torch.float16) == "avx2", half_reduce.available_paths(torch.float16)
@@ -100,6 +103,21 @@ def every_path_matches_torch_bit_for_bit():
                     out = b.clone()
                     body(as_bytes(a), as_bytes(out))
                     assert same_bits(out, want), f"{dtype} {via} {kind.name} n={n}: {out[:12]} != {want[:12]}"
+
+
+@check
+def every_path_matches_torch_on_every_bit_pattern():
+    # All 65,536 words against a shuffle of themselves: every subnormal, NaN and
+    # rounding case, in vectors both with and without a subnormal result.
+    words = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    shuffled = words[torch.randperm(words.numel(), generator=torch.Generator().manual_seed(7))]
+    for dtype in DTYPES:
+        a, b = words.view(dtype), shuffled.view(dtype)
+        for via in half_reduce.available_paths(dtype):
+            for kind in KINDS:
+                out = b.clone()
+                half_reduce.reducer(kind, dtype, via)(as_bytes(a), as_bytes(out))
+                assert same_bits(out, TORCH_KERNELS[kind](b, a)), f"{dtype} {via} {kind.name}"
 
 
 @check

@@ -10,7 +10,7 @@ from setuptools import setup
 
 setup(
     cffi_modules=[
-        "cffi_build/half_reduce_build.py:ffibuilder",
-        "cffi_build/shm_allreduce_build.py:ffibuilder",
+        "cffi_build/extensions.py:half_reduce",
+        "cffi_build/extensions.py:shm_allreduce",
     ]
 )

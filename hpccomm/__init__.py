@@ -13,7 +13,8 @@ configuration and limits.
 
 from __future__ import annotations
 
-from .config import apply_mpi_library_defaults
+from hpccomm_run import apply_mpi_library_defaults
+
 from .registration import register
 from .world import Identity, identity
 

@@ -4,6 +4,10 @@ Every knob hpccomm understands lives here, so a reader (and the README's
 configuration table) has one place to look. Values are read when this module
 is first imported; tests that need other values set the environment before
 launching the ranks.
+
+The MPI library settings hpccomm applies before MPI starts
+(``MPI_LIBRARY_DEFAULTS``) live in the launcher module, ``hpccomm_run``,
+which must start without importing this package (and torch).
 """
 
 from __future__ import annotations
@@ -57,27 +61,6 @@ class Config:
     half_kernels: str
     shm_slot_bytes: int
     shm_min_bytes: int
-
-
-#: MPI library settings hpccomm applies before MPI starts, unless already set.
-#: Open MPI's default nonblocking all-reduce (libnbc) runs in-place reductions
-#: 2-3x slower than its blocking one from 64 KiB up; Rabenseifner's algorithm
-#: matches the blocking time (measured: 16 MiB, 2 ranks: 2.6 ms vs 8.7 ms).
-#: Other MPI libraries ignore OMPI_* variables.
-MPI_LIBRARY_DEFAULTS: dict[str, str] = {
-    "OMPI_MCA_coll_libnbc_iallreduce_algorithm": "3",
-}
-
-
-def apply_mpi_library_defaults(env: dict[str, str] | None = None) -> None:
-    """Set :data:`MPI_LIBRARY_DEFAULTS` in ``env`` (default: os.environ) where unset.
-
-    Runs at ``import hpccomm`` and in ``hpccomm-run``; MPI reads them when it
-    starts, so a script that starts MPI before importing hpccomm misses them.
-    """
-    target = os.environ if env is None else env
-    for key, value in MPI_LIBRARY_DEFAULTS.items():
-        target.setdefault(key, value)
 
 
 def _read() -> Config:

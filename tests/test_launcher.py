@@ -35,7 +35,7 @@ def test_uses_the_mpiexec_of_the_loaded_mpi():
     venv_bin = os.path.dirname(sys.executable)
     assert command[0] in (os.path.join(venv_bin, "mpiexec"), os.path.join(venv_bin, "mpirun")), command
     assert command[-2:] == ["python", "x.py"]
-    from hpccomm.launcher import mpi_flavour
+    from hpccomm_run import mpi_flavour
 
     if mpi_flavour() == "openmpi":
         assert "--oversubscribe" in command and command[command.index("--bind-to") + 1] == "none"
@@ -55,3 +55,10 @@ def test_bad_arguments_fail_clearly(args, message):
     proc = dry_run(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+def test_the_launcher_does_not_import_torch():
+    # Importing torch costs about a second per launch; the launcher needs none of it.
+    probe = "import sys, hpccomm_run; sys.exit(1 if 'torch' in sys.modules or 'hpccomm' in sys.modules else 0)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"importing hpccomm_run pulled in torch or hpccomm\n{proc.stderr}"

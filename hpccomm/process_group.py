@@ -16,6 +16,7 @@ The front knows nothing about MPI: transports plug in per device type.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -35,7 +36,7 @@ from torch._C._distributed_c10d import (
 )
 
 from . import debug, validation as check
-from .progress import engine
+from .progress import DRAIN_TIMEOUT_S, engine
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
 from .work import AllPending, HpcWork, Pending, complete_inline
@@ -110,6 +111,9 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._closed: str | None = None
         self._debug = checker
         self._async_works: list[HpcWork] = []
+        # Set once an operation ended without its communication completing
+        # (timeout, departed peer, closed group): MPI may still touch it.
+        self._stranded = False
 
     # -- identity --------------------------------------------------------
 
@@ -160,9 +164,13 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
         label = (op, self, self._seq, peers)
         if not async_op:
-            return complete_inline(post, label, self._timeout_s)
+            try:
+                return complete_inline(post, label, self._timeout_s)
+            except BaseException:
+                self._stranded = True
+                raise
         work = HpcWork(post, outputs, label, self._timeout_s)
-        self._async_works = [w for w in self._async_works if not w._done]
+        self._forget_ended_works()
         self._async_works.append(work)
         engine().submit(work)
         return work
@@ -446,17 +454,36 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
 
     # -- lifetime ----------------------------------------------------------------
 
-    def _wait_for_pending_works(self) -> None:
+    def _forget_ended_works(self) -> None:
+        live = []
         for work in self._async_works:
             if not work._done:
-                try:
-                    work.wait()
-                except RuntimeError:
-                    pass  # already reported to whoever waited on it
-        self._async_works = []
+                live.append(work)
+            elif work._error is not None:
+                self._stranded = True
+        self._async_works = live
+
+    def _finish_pending_works(self, limit_s: float) -> None:
+        """Drive asynchronous work still in flight to its end, for at most ``limit_s`` in all."""
+        deadline = time.monotonic() + limit_s
+        for work in self._async_works:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                work.wait(timedelta(seconds=left))
+            except RuntimeError:
+                pass  # its own waiter, if any, sees the error; the group is ending
 
     def shutdown(self) -> None:
-        """End the group: pending work fails, later calls raise, resources are released."""
+        """End the group (``destroy_process_group``); later calls raise.
+
+        Asynchronous work still in flight is first driven to completion, as
+        at exit (at most :data:`~hpccomm.progress.DRAIN_TIMEOUT_S`): a
+        program may destroy its groups without waiting on its last works.
+        What is still pending then fails.
+        """
+        self._finish_pending_works(min(self._timeout_s, DRAIN_TIMEOUT_S))
         self._close("shut down")
 
     def abort(self) -> None:
@@ -471,8 +498,10 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         # and fail their work; polling here fails work nobody is driving.
         for work in self._async_works:
             work.poll()
+        self._forget_ended_works()
+        stranded = self._stranded or bool(self._async_works)
         self._async_works = []
         for transport in self._transports.values():
-            transport.close()
+            transport.close(in_flight=stranded)
         if self._debug is not None:
             self._debug.close()

@@ -71,6 +71,12 @@ class Transport:
         """Receive from ``peer``, or from any rank when ``peer`` is None."""
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Release the transport's resources; no operation follows."""
+    def close(self, in_flight: bool = False) -> None:
+        """Release the transport's resources; no operation follows.
+
+        Args:
+            in_flight: some operation ended without its communication
+                completing (a timeout, a departed peer, an abort), so the
+                library may still work on it: keep what it can still touch.
+        """
 

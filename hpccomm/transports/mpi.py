@@ -184,12 +184,16 @@ class MPITransport(Transport):
         self._in_place = mpi().IN_PLACE
         self._fromaddress = mpi().buffer.fromaddress
 
-    def close(self) -> None:
+    def close(self, in_flight: bool = False) -> None:
         if self._shm is not None:
             self._shm.close()
             self._shm = None
         if self._comm is not None:
-            self._comm.Free()
+            # Open MPI's nonblocking collectives keep using a freed
+            # communicator's internals (a segfault at the next progress call):
+            # one with operations still in flight is left to MPI_Finalize.
+            if not in_flight:
+                self._comm.Free()
             self._comm = None
 
     # -- element-wise collectives ------------------------------------------

@@ -131,7 +131,13 @@ class Cluster:
         return res.stdout.strip().split(";")[0]
 
     def job_info(self, job_id: str) -> dict[str, str]:
-        res = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30)
+        for _ in range(3):
+            res = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30)
+            # scontrol was once killed by SIGPIPE mid-query (its socket to a busy
+            # slurmctld closed); a query can be repeated, an error cannot.
+            if res.returncode >= 0:
+                break
+            time.sleep(1)
         assert res.returncode == 0, f"scontrol show job {job_id}: {res.stderr}"
         return dict(re.findall(r"(\w+)=(\S*)", res.stdout))
 

@@ -50,6 +50,23 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 # resubmitted once, with a warning.
 SLURM_PMI1_RACE = "mpi/pmi2: value not properly terminated in client request"
 
+# Open MPI 5.0.11 under srun --mpi=pmix across nodes: two ranks still inside MPI_Init (which
+# mpi4py calls on import) took a message from ranks that had finished it (as MPI allows) and
+# segfaulted in ob1's matching (address 0xe0), inside the MPI library. Seen once (the hpccomm_run
+# template) in about ten runs of the multi-node templates in a day. Such a job is also
+# resubmitted once, with a warning; a second crash fails the test.
+OPENMPI_INIT_CRASH = ("mca_pml_ob1_recv_frag_callback_match", "ompi_mpi_init")
+
+
+def _launch_race(output: str) -> str | None:
+    """Which known start-up failure of the MPI stack (not of hpccomm) ``output`` shows, if any."""
+    if SLURM_PMI1_RACE in output:
+        return "Slurm's PMI-1 read race"
+    if all(mark in output for mark in OPENMPI_INIT_CRASH):
+        return "Open MPI's crash inside MPI_Init"
+    return None
+
+
 # The cluster: 2 nodes, 8 CPUs and 2 fake GPUs each (CPUs above the real core count are fine:
 # the jobs are tiny, and 8 lets all jobs of the module run at the same time).
 NODES = 2
@@ -298,8 +315,9 @@ def _finished(cluster, jobs, name):
     job_id, t0, resubmit = jobs[name]
     info = cluster.wait(job_id, t0)
     out = _read(info.get("StdOut"))
-    if SLURM_PMI1_RACE in out:
-        warnings.warn(f"job {job_id} ({name}) hit Slurm's PMI-1 read race; resubmitting once")
+    race = _launch_race(out)
+    if race:
+        warnings.warn(f"job {job_id} ({name}) hit {race}; resubmitting once")
         job_id = resubmit()
         jobs[name][:2] = [job_id, time.monotonic()]
         info = cluster.wait(job_id, jobs[name][1])

@@ -470,10 +470,12 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            if work._done:
+                continue
             try:
                 work.wait(timedelta(seconds=left))
-            except RuntimeError:
-                pass  # its own waiter, if any, sees the error; the group is ending
+            except Exception:  # any error finish() raised, too: its waiter sees it; the group is ending
+                pass
 
     def shutdown(self) -> None:
         """End the group (``destroy_process_group``); later calls raise.

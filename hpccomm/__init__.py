@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from hpccomm_run import apply_mpi_library_defaults
 
+from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
 from .world import Identity, identity
 
-__all__ = ["Identity", "identity", "register", "__version__"]
+__all__ = ["Identity", "MonitoredBarrierError", "identity", "monitored_barrier", "register", "__version__"]
 __version__ = "0.1.0"
 
 apply_mpi_library_defaults()

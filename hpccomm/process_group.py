@@ -36,6 +36,7 @@ from torch._C._distributed_c10d import (
 )
 
 from . import debug, validation as check
+from .monitor import Monitor
 from .progress import DRAIN_TIMEOUT_S, engine
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
@@ -87,6 +88,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         transports: the transport for each device type (``"cpu"`` -> MPI).
         timeout: bounds every operation on the group.
         global_ranks: the world rank of each group rank.
+        monitor: runs the group's monitored barriers.
         checker: debug mode's cross-rank argument checker, or None.
     """
 
@@ -97,6 +99,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         transports: dict[str, Transport],
         timeout: timedelta,
         global_ranks: Sequence[int],
+        monitor: Monitor,
         checker: debug.Checker | None = None,
     ) -> None:
         super().__init__(rank, size)
@@ -109,6 +112,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._group_name = ""
         self._seq = 0
         self._closed: str | None = None
+        self._monitor = monitor
         self._debug = checker
         self._async_works: list[HpcWork] = []
         # Set once an operation ended without its communication completing
@@ -152,24 +156,38 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
 
     def _launch(
-        self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool, peer: int | None = -1
+        self,
+        op: str,
+        post: Pending,
+        outputs: list[torch.Tensor],
+        async_op: bool,
+        peer: int | None = -1,
+        timeout_s: float | None = None,
     ) -> dist.Work:
         """Complete ``post`` inline, or wrap it in an HpcWork for the progress engine.
 
-        ``peer`` is the group rank a point-to-point op waits for (None: any
-        rank, so no single departure dooms it); -1, for collectives, means the
-        whole group.
+        Args:
+            op: the op's name, for messages.
+            post: the posted operation.
+            outputs: the tensors it writes (the future's value).
+            async_op: hand it to the progress engine instead of completing it here.
+            peer: the group rank a point-to-point op waits for (None: any rank,
+                so no single departure dooms it); -1, for collectives, means
+                the whole group.
+            timeout_s: this call's own timeout (torch's ``barrier(timeout=)``),
+                else the group's.
         """
         self._seq += 1
         peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
         label = (op, self, self._seq, peers)
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         if not async_op:
             try:
-                return complete_inline(post, label, self._timeout_s)
+                return complete_inline(post, label, timeout_s)
             except BaseException:
                 self._stranded = True
                 raise
-        work = HpcWork(post, outputs, label, self._timeout_s)
+        work = HpcWork(post, outputs, label, timeout_s)
         self._forget_ended_works()
         self._async_works.append(work)
         engine().submit(work)
@@ -426,8 +444,36 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def barrier(self, opts: BarrierOptions = None) -> dist.Work:
         opts = opts or BarrierOptions()
         transport = self._route("barrier", torch.empty(0))
+        own_timeout = opts.timeout.total_seconds()  # negative: torch's "unset"
         self._precheck("barrier")
-        return self._launch("barrier", transport.barrier(), [], opts.asyncOp)
+        post = transport.barrier()
+        return self._launch("barrier", post, [], opts.asyncOp, timeout_s=own_timeout if own_timeout > 0 else None)
+
+    def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``.
+
+        torch's ``dist.monitored_barrier`` serves Gloo only; this is the same
+        call on an hpccomm group (see :mod:`hpccomm.monitor`), also reachable
+        as :func:`hpccomm.monitored_barrier`.
+
+        Args:
+            timeout: how long to wait (a timedelta or seconds); default: the
+                group's timeout.
+            wait_all_ranks: rank 0 names every missing rank, not just the first.
+
+        Raises:
+            MonitoredBarrierError: on rank 0, naming the missing rank(s); on the
+                others, saying rank 0 did not release them.
+        """
+        if self._closed is not None:
+            raise RuntimeError(f"hpccomm monitored_barrier: {self.describe()} was {self._closed}; create a new group")
+        if isinstance(timeout, timedelta):
+            seconds = timeout.total_seconds()
+        else:
+            seconds = self._timeout_s if timeout is None else float(timeout)
+        if seconds < 0:
+            raise check.fail("monitored_barrier", f"timeout={timeout} must not be negative")
+        self._monitor.barrier(f"monitored_barrier on {self.describe()}", seconds, wait_all_ranks, self._global_ranks)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         tensor = check.check_single("send", "tensor", tensors, self._transports)
@@ -505,5 +551,6 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._async_works = []
         for transport in self._transports.values():
             transport.close(in_flight=stranded)
+        self._monitor.close()
         if self._debug is not None:
             self._debug.close()

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from . import debug, rendezvous, world
 from .config import settings
+from .monitor import Monitor
 from .process_group import BACKEND_NAME, ProcessGroupHpccomm
 from .transports import Transport
 from .transports.mpi import MPITransport
@@ -98,4 +99,6 @@ def _world_communicator(fresh: bool) -> Any:
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
     transports: dict[str, Transport] = {"cpu": MPITransport(comm, SharedMemoryChannel.for_group(comm))}
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
-    return ProcessGroupHpccomm(comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, checker)
+    return ProcessGroupHpccomm(
+        comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, Monitor(comm.Dup()), checker
+    )

@@ -60,8 +60,13 @@ class AllPending:
             part.finish()
 
 
-class CommTimeoutError(RuntimeError):
-    """A collective or point-to-point operation did not complete in time."""
+class CommTimeoutError(dist.DistBackendError):
+    """A collective or point-to-point operation did not complete in time.
+
+    A ``torch.distributed.DistBackendError`` (and so a RuntimeError), as NCCL's
+    timeouts are, and worded as torch's backends word theirs ("Timed out
+    waiting <N>ms"), so code that catches or matches those catches this too.
+    """
 
 
 Label = tuple  # (op name, group, sequence number, peer world ranks or None for the whole group)
@@ -105,8 +110,9 @@ def check_abandoned(label: Label) -> None:
 
 def timeout_error(label: Label, waited_s: float) -> CommTimeoutError:
     """The error for an operation that did not complete within ``waited_s``."""
+    waited_ms = max(1, round(waited_s * 1000))
     return CommTimeoutError(
-        f"hpccomm {describe(label)} did not complete within {waited_s:.1f} s; "
+        f"hpccomm {describe(label)}: Timed out waiting {waited_ms}ms for it to complete; "
         "a peer rank may not have joined this operation"
     )
 

@@ -61,7 +61,7 @@ def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     for line in timeouts:
         after = float(line.split("after=")[1].split()[0])
         assert timeout_s <= after < timeout_s + 5, line
-        assert "all_reduce #2" in line and f"({nprocs} ranks)" in line and "did not complete within" in line
+        assert "all_reduce #2" in line and f"({nprocs} ranks)" in line and "Timed out waiting" in line
     assert len(run.lines("EXITED")) == nprocs, "destroy or exit hung after the timeout"
 
 
@@ -75,3 +75,13 @@ def test_abort_fails_pending_work_and_refuses_later_calls(nprocs, env):
     refused = run.lines("REFUSED")
     assert len(refused) == nprocs - 1 and all("aborted" in line for line in refused)
     assert len(run.lines("EXITED")) == nprocs
+
+
+def test_a_barrier_with_its_own_timeout_times_out_on_time():
+    """torch's ``barrier(timeout=)`` overrides the group's timeout, worded as Gloo words it."""
+    run = run_ranks(2, "failures.py", "barrier", limit_s=120)
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    (line,) = run.lines("TIMEOUT")
+    assert 0.5 <= float(line.split("after=")[1].split()[0]) < 3, line
+    assert "barrier #1" in line and "Timed out waiting 500ms" in line, line
+    assert len(run.lines("EXITED")) == 2, "destroy or exit hung after the timeout"

@@ -9,6 +9,8 @@ all_reduce that needs it:
           out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
           subgroup: the pending work fails at once, later calls raise, exit is clean.
+    barrier: only rank 0 enters a barrier with its own 0.5 s timeout, on a
+          group whose timeout is 300 s: it must time out after 0.5 s.
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ if mode == "skip":
         try:
             dist.all_reduce(t)
             say(f"UNEXPECTED rank={rank}: all_reduce completed")
-        except CommTimeoutError as exc:
+        except dist.DistBackendError as exc:  # what torch's NCCL raises on a timeout
+            assert isinstance(exc, CommTimeoutError), type(exc)
             say(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
     else:
         time.sleep(timeout_s + 2)  # alive but absent: the others must time out, not see an exit
@@ -71,6 +74,21 @@ if mode == "abort":
             say(f"UNEXPECTED rank={rank}: call on an aborted group worked")
         except RuntimeError as exc:
             say(f"REFUSED rank={rank} msg={exc}")
+    dist.barrier()  # the world group is unaffected
+    dist.destroy_process_group()
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "barrier":
+    group = dist.new_group(list(range(size)), timeout=timedelta(seconds=300))
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier(group=group, timeout=timedelta(seconds=0.5))
+            say(f"UNEXPECTED rank={rank}: barrier completed without the others")
+        except CommTimeoutError as exc:
+            say(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
+    dist.destroy_process_group(group)
     dist.barrier()  # the world group is unaffected
     dist.destroy_process_group()
     say(f"EXITED rank={rank}")

@@ -3,8 +3,10 @@
 MPI moves a nonblocking operation forward only while some thread is inside
 an MPI call. Work posted with ``async_op=True`` (and all work DDP posts from
 its autograd hooks) is handed to this engine, whose thread polls it until it
-completes, runs its follow-up and settles its future, so communication
-overlaps with the caller's compute. Blocking calls never come here.
+completes and runs its follow-up, so communication overlaps with the caller's
+compute. Blocking calls never come here. The thread never runs a future's
+callbacks: it hands the settling to :mod:`hpccomm.callbacks`, so a callback
+that waits on other work cannot stall the thread that would complete it.
 
 The thread starts on the first asynchronous operation and sleeps on a
 condition variable while there is nothing to drive. At interpreter exit,
@@ -21,6 +23,7 @@ import atexit
 import threading
 import time
 
+from . import callbacks
 from .work import HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
@@ -74,7 +77,7 @@ class ProgressEngine:
                 if self._stopping:
                     return
                 works = list(self._works)
-            finished = [work for work in works if work.poll()]
+            finished = [work for work in works if work.poll(defer_callbacks=True)]
             if finished:
                 with self._wakeup:
                     self._works = [work for work in self._works if work not in finished]
@@ -136,4 +139,7 @@ def _at_exit(engine_: ProgressEngine) -> None:
             f"after {DRAIN_TIMEOUT_S:.0f} s; a peer may have stopped early",
             file=sys.stderr,
         )
+    # Callbacks of work completed just now may still run (and post work): let
+    # them finish while MPI is up.
+    callbacks.runner().quiesce(_JOIN_TIMEOUT_S)
     engine_.shutdown()

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from . import failure
+from . import callbacks, failure
 
 # Poll this many times between clock reads: reading the clock costs more
 # than a poll of a request that is about to complete.
@@ -192,10 +192,15 @@ class HpcWork(dist.Work):
 
     # -- driving ---------------------------------------------------------
 
-    def poll(self) -> bool:
+    def poll(self, defer_callbacks: bool = False) -> bool:
         """Progress once without blocking; True when the work has ended.
 
-        Used by the progress engine: skips a work some waiter is driving.
+        Skips a work some waiter is driving.
+
+        Args:
+            defer_callbacks: settle the future (and so run its callbacks) on a
+                :mod:`~hpccomm.callbacks` runner thread instead of this one:
+                the progress thread must never block in a user's callback.
         """
         if self._done:
             return True
@@ -204,19 +209,19 @@ class HpcWork(dist.Work):
         try:
             if not self._done:
                 if self._pending.test():
-                    self._complete(None)
+                    self._complete(None, defer_callbacks)
                 elif time.monotonic() > self._deadline:
-                    self._complete(self._timeout_error(self._timeout_s))
+                    self._complete(self._timeout_error(self._timeout_s), defer_callbacks)
                 else:
                     try:
                         check_abandoned(self._label)
                     except (failure.PeerExitedError, GroupClosedError) as exc:
-                        self._complete(exc)
+                        self._complete(exc, defer_callbacks)
         finally:
             self._claim.release()
         return self._done
 
-    def _complete(self, error: BaseException | None) -> None:
+    def _complete(self, error: BaseException | None, defer_callbacks: bool = False) -> None:
         if error is None:
             try:
                 self._pending.finish()
@@ -224,8 +229,12 @@ class HpcWork(dist.Work):
                 error = exc
         self._error = error
         self._done = True
-        if self._future is not None:
-            self._settle_future(self._future)
+        future = self._future
+        if future is not None:
+            if defer_callbacks:
+                callbacks.runner().submit(lambda: self._settle_future(future))
+            else:
+                self._settle_future(future)
 
     def _settle_future(self, future: Future) -> None:
         if self._error is None:

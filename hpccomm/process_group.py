@@ -244,16 +244,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         opts = opts or AllgatherOptions()
         if len(output_tensors) != 1:
             raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
-        post, outputs = self._prepare_allgather(output_tensors[0], input_tensors)()
+        tensor = check.check_single("all_gather", "tensor", input_tensors, self._transports)
+        post, outputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
         return self._launch("all_gather", post, outputs, opts.asyncOp)
 
-    def _prepare_allgather(self, output_list: list[torch.Tensor], input_tensors: list[torch.Tensor]) -> Poster:
-        op = "all_gather"
-        tensor = check.check_single(op, "tensor", input_tensors, self._transports)
-        outputs = check.check_tensors(op, "tensor_list", output_list, self._transports)
-        check.check_length(op, "tensor_list", outputs, self._size)
-        check.check_same_dtype(op, "tensor_list[0]", outputs[0], tensor, "tensor")
-        check.check_numel(op, f"tensor_list[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
+    def _prepare_allgather(self, op: str, out_arg: str, output_list: list[torch.Tensor], tensor: torch.Tensor) -> Poster:
+        """Check one all-gather of the (checked) ``tensor`` into ``output_list``, one tensor per rank."""
+        outputs = check.check_tensors(op, out_arg, output_list, self._transports)
+        check.check_length(op, out_arg, outputs, self._size)
+        check.check_same_dtype(op, f"{out_arg}[0]", outputs[0], tensor, "tensor")
+        check.check_numel(op, f"{out_arg}[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
         return lambda: (transport.allgather(outputs, tensor), outputs)
@@ -261,11 +261,24 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
+        """Gather each input from every rank: ``output_lists[rank][i]`` receives ``rank``'s ``input_list[i]``."""
         opts = opts or AllgatherOptions()
-        if len(output_lists) != len(input_list):
-            raise check.fail("all_gather_coalesced", "output_tensor_lists and input_tensor_list differ in length")
-        posters = [self._prepare_allgather(outs, [inp]) for outs, inp in zip(output_lists, input_list)]
-        return self._launch_all("all_gather_coalesced", posters, opts.asyncOp)
+        op = "all_gather_coalesced"
+        inputs = check.check_tensors(op, "input_tensor_list", input_list, self._transports)
+        if not isinstance(output_lists, (list, tuple)):
+            raise check.fail(op, f"output_tensor_lists must be a list of lists, got {type(output_lists).__name__}")
+        check.check_length(op, "output_tensor_lists", output_lists, self._size)
+        for rank, outs in enumerate(output_lists):
+            if not isinstance(outs, (list, tuple)) or len(outs) != len(inputs):
+                got = f"{len(outs)} tensors" if isinstance(outs, (list, tuple)) else type(outs).__name__
+                raise check.fail(
+                    op, f"output_tensor_lists[{rank}] must hold one tensor per input ({len(inputs)}), got {got}"
+                )
+        posters = [
+            self._prepare_allgather(op, f"output_tensor_lists[*][{i}]", [outs[i] for outs in output_lists], tensor)
+            for i, tensor in enumerate(inputs)
+        ]
+        return self._launch_all(op, posters, opts.asyncOp)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
         opts = opts or AllgatherOptions()

@@ -179,6 +179,26 @@ def gather_and_scatter_every_dtype_and_root() -> None:
 
 
 @check
+def all_gather_coalesced_in_torchs_layout() -> None:
+    # output_tensor_lists[r][i] receives rank r's input i. With as many inputs as ranks a
+    # transposed result has the right shapes and plausible values: the case to catch.
+    for count in sorted({1, SIZE, SIZE + 1}):
+        for dtype in (torch.float32, torch.int64, torch.complex64):
+            ins = [value(10 * RANK + i, dtype, i + 1) for i in range(count)]
+            outs = [[torch.empty(i + 1, dtype=dtype) for i in range(count)] for _ in range(SIZE)]
+            work = dist.all_gather_coalesced(outs, ins, async_op=count == SIZE)
+            if work is not None:
+                work.wait()
+            for r in range(SIZE):
+                for i in range(count):
+                    same(outs[r][i], value(10 * r + i, dtype, i + 1), f"all_gather_coalesced x{count} [{r}][{i}]")
+    empty = [[torch.empty(0), torch.empty(3)] for _ in range(SIZE)]
+    dist.all_gather_coalesced(empty, [torch.empty(0), value(RANK, torch.float32, 3)])
+    for r in range(SIZE):
+        same(empty[r][1], value(r, torch.float32, 3), f"all_gather_coalesced with an empty tensor [{r}]")
+
+
+@check
 def all_to_all_list_uneven_every_dtype() -> None:
     for dtype in ALL:
         # rank r sends (r + j + 1) elements to rank j

@@ -44,6 +44,11 @@ def new_group_subsets_and_non_members() -> None:
         b = torch.tensor([float(RANK)])
         dist.broadcast(b, src=evens[-1], group=group)
         assert b.item() == evens[-1]
+        # torch's layout on a subgroup: outs[group rank][i] holds that rank's input i
+        outs = [[torch.empty(1), torch.empty(2)] for _ in evens]
+        dist.all_gather_coalesced(outs, [torch.tensor([float(RANK)]), torch.full((2,), RANK + 0.5)], group=group)
+        for i, r in enumerate(evens):
+            assert outs[i][0].item() == r and torch.equal(outs[i][1], torch.full((2,), r + 0.5)), outs
     else:
         assert dist.get_rank(group) == -1
         assert t.item() == RANK  # a non-member's call is a no-op

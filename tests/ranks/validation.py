@@ -45,6 +45,23 @@ def all_gather_list_of_wrong_length() -> None:
 
 
 @check
+def all_gather_coalesced_lists_that_do_not_match() -> None:
+    ins = [torch.ones(1), torch.ones(2)]
+    per_rank = lambda: [[torch.empty(1), torch.empty(2)] for _ in range(SIZE)]
+    too_few_ranks = per_rank()[:-1]
+    call = lambda: dist.all_gather_coalesced(too_few_ranks, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", "output_tensor_lists", "entries"], call)
+    short = per_rank()
+    short[-1] = short[-1][:1]
+    call = lambda: dist.all_gather_coalesced(short, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", f"output_tensor_lists[{SIZE - 1}]", "one tensor per input"], call)
+    wrong_size = per_rank()
+    wrong_size[RANK][1] = torch.empty(3)
+    call = lambda: dist.all_gather_coalesced(wrong_size, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", f"output_tensor_lists[*][1][{RANK}]"], call)
+
+
+@check
 def all_to_all_single_splits_that_do_not_sum() -> None:
     bad = [1] * SIZE
     bad[0] += 1

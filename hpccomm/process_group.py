@@ -38,6 +38,7 @@ from torch._C._distributed_c10d import (
 from . import debug, validation as check
 from .monitor import Monitor
 from .progress import DRAIN_TIMEOUT_S, engine
+from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
 from .work import AllPending, HpcWork, Pending, complete_inline
@@ -79,6 +80,7 @@ def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
     return found
 
 
+@untraced
 class ProcessGroupHpccomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on hpccomm transports.
 
@@ -146,6 +148,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def global_ranks(self) -> tuple[int, ...]:
         """World rank of each rank of this group."""
         return self._global_ranks
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types this group has a transport for.
+
+        torch reads it to pick a device for object collectives and in DCP
+        (``broadcast_from_rank0``, ``async_save``); a C++ process group derives
+        it from its registered backends, which a Python group has none of.
+        """
+        return [torch.device(kind) for kind in self._transports]
 
     # -- plumbing ----------------------------------------------------------
 

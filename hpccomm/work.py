@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import callbacks, failure
+from .tracing import untraced
 
 # Poll this many times between clock reads: reading the clock costs more
 # than a poll of a request that is about to complete.
@@ -138,6 +139,7 @@ def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "Comple
     return COMPLETED
 
 
+@untraced
 class CompletedWork(dist.Work):
     """The Work of a blocking operation, which has completed before it is returned.
 
@@ -167,6 +169,7 @@ class CompletedWork(dist.Work):
 COMPLETED = CompletedWork()
 
 
+@untraced
 class HpcWork(dist.Work):
     """Handle for one posted operation.
 

@@ -38,6 +38,7 @@ from torch._C._distributed_c10d import (
 from . import debug, validation as check
 from .monitor import Monitor
 from .progress import DRAIN_TIMEOUT_S, engine
+from .sparse import SparseAllreduce
 from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
@@ -213,12 +214,26 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = None) -> dist.Work:
         opts = opts or AllreduceOptions()
-        tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        try:
+            tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        except check.LayoutError:
+            if len(tensors) == 1 and tensors[0].is_sparse:  # checked only here: dense calls pay nothing
+                return self._allreduce_sparse(tensors[0], opts)
+            raise
         transport = self._route("all_reduce", tensor)
         red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
         if self._debug is not None:
             self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def _allreduce_sparse(self, tensor: torch.Tensor, opts: AllreduceOptions) -> dist.Work:
+        op = "all_reduce"
+        if _op_kind(opts.reduceOp) != int(RedOpType.SUM.value):
+            raise check.fail(op, f"sparse tensors are summed only (as with Gloo), got {opts.reduceOp.op}")
+        check.check_device(op, "tensor", tensor, self._transports)
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, shape=list(tensor.shape), sparse_dim=tensor.sparse_dim())
+        return self._launch(op, SparseAllreduce(transport, tensor, self._size), [tensor], opts.asyncOp)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions = None) -> dist.Work:
         opts = opts or AllreduceCoalescedOptions()

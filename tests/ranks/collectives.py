@@ -44,6 +44,24 @@ def all_reduce_every_dtype_and_op() -> None:
 
 
 @check
+def sparse_all_reduce_sums_as_gloo_does() -> None:
+    # rank r holds ones at rows 0..r of a (SIZE + 1) x 2 x [3] tensor: overlapping entries add up
+    for dense_shape in ((), (3,)):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            indices = torch.stack([torch.arange(RANK + 1), torch.zeros(RANK + 1, dtype=torch.int64)])
+            values = torch.ones(RANK + 1, *dense_shape, dtype=dtype)
+            t = torch.sparse_coo_tensor(indices, values, (SIZE + 1, 2, *dense_shape))
+            dist.all_reduce(t)
+            expected = torch.zeros(SIZE + 1, 2, *dense_shape, dtype=dtype)
+            for r in range(SIZE):
+                expected[: r + 1, 0] += 1
+            assert t.is_sparse and torch.equal(t.to_dense(), expected), f"sparse all_reduce {dtype}: {t.to_dense()}"
+    t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1), (2,))
+    expect_error(ValueError, "summed only", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    dist.barrier()
+
+
+@check
 def reductions_reject_ops_that_make_no_sense() -> None:
     for dtype in ALL:
         for op in invalid_ops(dtype):
@@ -164,21 +182,6 @@ def all_gather_into_tensor_every_dtype() -> None:
 
 
 @check
-def gather_and_scatter_every_dtype_and_root() -> None:
-    for dtype in ALL:
-        for root in range(SIZE):
-            outs = [torch.empty(NUMEL, dtype=dtype) for _ in range(SIZE)] if RANK == root else None
-            dist.gather(value(RANK, dtype), outs, dst=root)
-            if RANK == root:
-                for r in range(SIZE):
-                    same(outs[r], value(r, dtype), f"gather {dtype} root={root} from {r}")
-            out = torch.empty(NUMEL, dtype=dtype)
-            chunks = [value(r + 10, dtype) for r in range(SIZE)] if RANK == root else None
-            dist.scatter(out, chunks, src=root)
-            same(out, value(RANK + 10, dtype), f"scatter {dtype} root={root}")
-
-
-@check
 def all_gather_coalesced_in_torchs_layout() -> None:
     # output_tensor_lists[r][i] receives rank r's input i. With as many inputs as ranks a
     # transposed result has the right shapes and plausible values: the case to catch.
@@ -196,6 +199,21 @@ def all_gather_coalesced_in_torchs_layout() -> None:
     dist.all_gather_coalesced(empty, [torch.empty(0), value(RANK, torch.float32, 3)])
     for r in range(SIZE):
         same(empty[r][1], value(r, torch.float32, 3), f"all_gather_coalesced with an empty tensor [{r}]")
+
+
+@check
+def gather_and_scatter_every_dtype_and_root() -> None:
+    for dtype in ALL:
+        for root in range(SIZE):
+            outs = [torch.empty(NUMEL, dtype=dtype) for _ in range(SIZE)] if RANK == root else None
+            dist.gather(value(RANK, dtype), outs, dst=root)
+            if RANK == root:
+                for r in range(SIZE):
+                    same(outs[r], value(r, dtype), f"gather {dtype} root={root} from {r}")
+            out = torch.empty(NUMEL, dtype=dtype)
+            chunks = [value(r + 10, dtype) for r in range(SIZE)] if RANK == root else None
+            dist.scatter(out, chunks, src=root)
+            same(out, value(RANK + 10, dtype), f"scatter {dtype} root={root}")
 
 
 @check

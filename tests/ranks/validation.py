@@ -96,9 +96,13 @@ def invalid_root_and_peer() -> None:
 
 
 @check
-def sparse_tensor() -> None:
-    sparse = torch.ones(4).to_sparse()
-    only_rank0_fails(ValueError, ["all_reduce", "sparse"], lambda: PG.allreduce([sparse], dist.AllreduceOptions()))
+def sparse_tensor_where_only_dense_ones_work() -> None:
+    # all_reduce sums sparse COO tensors (tests/ranks/collectives.py); nothing else takes them
+    coo = torch.ones(4).to_sparse()
+    only_rank0_fails(ValueError, ["broadcast", "sparse_coo"], lambda: PG.broadcast([coo], dist.BroadcastOptions()))
+    only_rank0_fails(ValueError, ["all_reduce", "summed only"], lambda: dist.all_reduce(coo, op=dist.ReduceOp.MAX))
+    csr = torch.ones(2, 2).to_sparse_csr()
+    only_rank0_fails(ValueError, ["all_reduce", "sparse_csr"], lambda: PG.allreduce([csr], dist.AllreduceOptions()))
 
 
 @check

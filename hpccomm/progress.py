@@ -27,6 +27,8 @@ from . import callbacks
 from .work import HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
+#: How often the thread looks again at work that waiters are driving.
+_IDLE_RECHECK_S = 0.001
 #: At exit, how long to keep driving work that was posted but never waited on.
 DRAIN_TIMEOUT_S = 30.0
 
@@ -76,7 +78,13 @@ class ProgressEngine:
                     self._wakeup.wait()
                 if self._stopping:
                     return
-                works = list(self._works)
+                works = [work for work in self._works if not work.waiters]
+                if not works:
+                    # Every pending work has a thread in wait() driving it: polling
+                    # too would only take the GIL from them (a blocking send/recv
+                    # ping-pong took 10x as long). Look again soon: a wait may time out.
+                    self._wakeup.wait(_IDLE_RECHECK_S)
+                    continue
             finished = [work for work in works if work.poll(defer_callbacks=True)]
             if finished:
                 with self._wakeup:

@@ -192,6 +192,9 @@ class HpcWork(dist.Work):
         self._done = False
         self._error: BaseException | None = None
         self._future: Future | None = None
+        # Threads inside wait(): each drives the work itself, so the progress
+        # thread leaves it alone rather than contend with them for the GIL.
+        self.waiters = 0
 
     # -- driving ---------------------------------------------------------
 
@@ -263,22 +266,30 @@ class HpcWork(dist.Work):
             if timeout is not None and timeout.total_seconds() > 0:
                 waited = timeout.total_seconds()
                 limit = min(limit, time.monotonic() + waited)
-            with self._claim:
+            with self._claim:  # counted under the claim, so concurrent waiters never race on it
                 if not self._done:
+                    self.waiters += 1
                     try:
-                        finished = drive(self._pending, limit, self._label)
-                    except (failure.PeerExitedError, GroupClosedError) as exc:
-                        self._complete(exc)
-                        raise
-                    if finished:
-                        self._complete(None)
-                    elif limit >= self._deadline:
-                        self._complete(self._timeout_error(self._timeout_s))
-                    else:
-                        raise self._timeout_error(waited)
+                        self._drive_until(limit, waited)
+                    finally:
+                        self.waiters -= 1
         if self._error is not None:
             raise self._error
         return True
+
+    def _drive_until(self, limit: float, waited: float) -> None:
+        """Drive the work (claimed) until it ends or ``limit``; past the group deadline it fails."""
+        try:
+            finished = drive(self._pending, limit, self._label)
+        except (failure.PeerExitedError, GroupClosedError) as exc:
+            self._complete(exc)
+            raise
+        if finished:
+            self._complete(None)
+        elif limit >= self._deadline:
+            self._complete(self._timeout_error(self._timeout_s))
+        else:
+            raise self._timeout_error(waited)
 
     def is_completed(self) -> bool:
         return self.poll()

@@ -5,22 +5,26 @@
     hpccomm-run -n 2 python -m hpccomm bench --model ddp                # 25M-parameter transformer, batch 2
     hpccomm-run -n 2 python -m hpccomm bench --model ddp --arch mlp --width 512 --batch 64   # examples/train_ddp.py
 
-In one launch, three copies of the same model (same initial weights, same
-batch) take training steps (forward, backward, SGD step) in rounds of
-``--block`` steps each, in an order shuffled every round:
+In one launch, copies of the same model (same initial weights, same batch)
+take training steps (forward, backward, SGD step) in rounds of
+``--step-block`` steps each, in an order shuffled every round:
 
 * ``compute``: the plain model, no communication: the step's compute;
+* ``no comm`` (DDP only): wrapped in DDP whose communication hook hands each
+  bucket back untouched: compute plus DDP's own work (hooks, copies into and
+  out of its buckets);
 * ``hpccomm``: wrapped in DDP (or FSDP2's ``fully_shard``) on hpccomm's group;
 * ``gloo``: the same on a Gloo group.
 
 A step's time is the slowest rank's; each row gives the median. The exposed
-communication is what a backend adds to the compute step (``step - compute``):
-communication that overlapped with backward (or did not take the compute's
-CPU) costs nothing there. Alongside, ``comm alone`` is the same traffic with
-no compute: DDP's gradient buckets all-reduced (posted asynchronously, as DDP
-does), or FSDP's per-layer all-gathers (forward and backward) and
-reduce-scatters; ``hidden`` = 1 - exposed / comm alone is the part of it the
-step did not wait for.
+communication is what a backend adds to the step without communication
+(``no comm`` for DDP, ``compute`` for FSDP): communication that overlapped
+with backward costs nothing there. Alongside, ``comm alone`` is the same
+traffic with no compute: DDP's gradient buckets all-reduced (posted
+asynchronously, as DDP does), or FSDP's per-layer all-gathers (forward and
+backward) and reduce-scatters; ``hidden`` = 1 - exposed / comm alone is the
+part of it the step did not wait for (negative: the step lost more than the
+communication takes alone, e.g. to CPU contention).
 
 The default model makes communication a real share of the step: 8
 transformer layers of width 512 (25M parameters, 100 MB of float32
@@ -43,6 +47,7 @@ import torch.distributed as dist
 from .table import Column, Table, fmt_ratio
 
 COMPUTE = "compute"
+NO_COMM = "no comm"
 _BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
 
 
@@ -98,7 +103,12 @@ class Contender:
         model, layers, self.make_batch = build_model(args)
         self.numels = [sum(p.numel() for p in layer.parameters()) for layer in layers]
         self.parameters = sum(p.numel() for p in model.parameters())
-        if group is not None and args.model == "ddp":
+        if name == NO_COMM:
+            # DDP's own work (hooks, copies into and out of its buckets) without communicating.
+            model = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+            model.register_comm_hook(None, _no_communication)
+            self.group = None
+        elif group is not None and args.model == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
         elif group is not None:
             from torch.distributed.device_mesh import DeviceMesh
@@ -149,6 +159,18 @@ class Contender:
         return fsdp_traffic
 
 
+def _no_communication(_state, bucket):  # noqa: ANN001, ANN202
+    """A DDP comm hook that hands the bucket back as it is.
+
+    Unannotated on purpose: DDP rejects a hook whose annotations are not the
+    very objects ``dist.GradBucket`` and ``Future[Tensor]`` (this module's are
+    strings).
+    """
+    future: torch.futures.Future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
 def _ddp_bucket_numels(ddp: Any, parameters: int) -> list[int]:
     """Gradient elements per DDP bucket, as DDP rebuilt them after the first step (25 MiB buckets if unknown)."""
     try:
@@ -194,6 +216,8 @@ def main(args: argparse.Namespace) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     gloo = dist.new_group(backend="gloo")
     contenders = [Contender(COMPUTE, args, None), Contender("hpccomm", args, dist.group.WORLD), Contender("gloo", args, gloo)]
+    if args.model == "ddp":
+        contenders.insert(1, Contender(NO_COMM, args, dist.group.WORLD))
     out = print if rank == 0 else (lambda *a, **k: None)
     out(_describe(args, contenders[0], size))
     for contender in contenders:
@@ -207,12 +231,14 @@ def main(args: argparse.Namespace) -> int:
             _timed(contender.step, min(args.step_block, args.steps - index * args.step_block), contender.samples)
     step = {c.name: _slowest_median(c.samples, comm, MPI) for c in contenders}
     alone = {}
-    for contender in contenders[1:]:
+    for contender in contenders:
+        if contender.group is None:
+            continue
         traffic, samples = contender.traffic(args.model), []
         traffic()
         _timed(traffic, max(5, args.steps // 3), samples)
         alone[contender.name] = _slowest_median(samples, comm, MPI)
-    agree = {c.name: _replicas_agree(c) for c in contenders[1:]}
+    agree = {c.name: _replicas_agree(c) for c in contenders if c.group is not None}
     _report(out, args, step, alone, agree, size)
     dist.destroy_process_group()
     return 0 if all(agree.values()) else 1
@@ -240,7 +266,7 @@ def _report(
     agree: dict[str, bool],
     size: int,
 ) -> None:
-    compute = step[COMPUTE]
+    baseline = step.get(NO_COMM, step[COMPUTE])
     table = Table([Column("contender", width=9), Column("step", "ms", width=8), Column("samples/s", width=9),
                    Column("vs hpccomm", "x", width=10), Column("exposed comm", "ms", width=12),
                    Column("exposed share", width=13), Column("comm alone", "ms", width=10), Column("hidden", width=7)],
@@ -248,7 +274,7 @@ def _report(
     for line in table.header():
         out(line)
     for name, seconds in step.items():
-        exposed = seconds - compute if name != COMPUTE else None
+        exposed = seconds - baseline if name in alone else None
         hidden = 1 - exposed / alone[name] if exposed is not None and alone.get(name) else None
         out(table.row([
             name,

@@ -413,5 +413,5 @@ def _summary(console: Console, bench: Bench, stop: StopSignal) -> int:
 def _title(environment: dict[str, Any], args: argparse.Namespace) -> str:
     return (
         f"hpccomm {environment['versions']['hpccomm']}, {environment['world_size']} ranks on "
-        f"{len(environment['nodes'])} node(s), {args.datatype}, {environment['mpi']['library'][:40]}"
+        f"{len(environment['nodes'])} node(s), {args.datatype}, {environment['mpi']['library'].split(',')[0]}"
     )

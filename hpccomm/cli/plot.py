@@ -66,6 +66,6 @@ def plot_sweep(rows: list[dict[str, Any]], path: str, title: str) -> None:
             axis.grid(True, which="major", alpha=0.3)
         time_axis.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # room for the title
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -23,8 +23,9 @@ MPI4PY = "mpi4py"
 #: Contenders ``--compare`` accepts, in the order their columns appear.
 COMPARABLE = (GLOO, MPI4PY)
 # torch 2.13 renamed these (the old names warn); both reach the same backend method.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+# (Also used by model.py for FSDP's traffic.)
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class Unsupported(Exception):
@@ -68,9 +69,9 @@ class TorchContender(Contender):
         if name == "all_reduce":
             return (lambda: dist.all_reduce(out, op=op, group=group)), None
         if name == "all_gather":
-            return (lambda: _all_gather(out, inp, group=group)), None
+            return (lambda: all_gather_single(out, inp, group=group)), None
         if name == "reduce_scatter":
-            return (lambda: _reduce_scatter(out, inp, op=op, group=group)), None
+            return (lambda: reduce_scatter_single(out, inp, op=op, group=group)), None
         if name == "all_to_all":
             return (lambda: dist.all_to_all_single(out, inp, group=group)), None
         if name == "broadcast":

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from .contenders import all_gather_single, reduce_scatter_single
 from .table import Column, Table, fmt_ratio
 
 COMPUTE = "compute"
@@ -151,10 +152,10 @@ class Contender:
 
         def fsdp_traffic() -> None:
             for shard, whole in shards:
-                dist.all_gather_into_tensor(whole, shard, group=group)
+                all_gather_single(whole, shard, group=group)
             for shard, whole in reversed(shards):
-                dist.all_gather_into_tensor(whole, shard, group=group)
-                dist.reduce_scatter_tensor(shard, whole, group=group)
+                all_gather_single(whole, shard, group=group)
+                reduce_scatter_single(shard, whole, group=group)
 
         return fsdp_traffic
 

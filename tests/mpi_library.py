@@ -74,3 +74,11 @@ def ompi_info() -> str:
 def ompi_info_lists(*args: str) -> str:
     """What ``ompi_info ARGS`` prints."""
     return subprocess.run([ompi_info(), *args], capture_output=True, text=True, timeout=60).stdout
+
+
+def shared_memory_btl() -> str:
+    """Open MPI's shared-memory BTL as this library names it: 'vader' (4.x) or 'sm' (5)."""
+    listing = ompi_info_lists()
+    names = [name for name in ("sm", "vader") if f"MCA btl: {name} " in listing]
+    assert names, f"{ompi_info()} lists no shared-memory BTL"
+    return names[0]

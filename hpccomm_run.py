@@ -11,7 +11,8 @@ one that does not apply to it is never set:
   4.x, ``sm`` from 5), which cuts MPI start-up (1.1 s to 0.08 s with the
   Open MPI 5 wheel here), and ``--noprefix``, so that the ranks' ``PATH``
   stays in the caller's order.
-* MPICH and its derivatives: their hydra ``mpiexec`` already does all that.
+* MPICH: its hydra ``mpiexec`` neither pins ranks nor refuses more ranks
+  than cores; it and its derivatives (Intel MPI, MVAPICH) get nothing.
 
 A bare ``python``/``python3`` at the head of the command becomes the
 interpreter running hpccomm-run, so the ranks run in this environment

@@ -146,10 +146,16 @@ class Cluster:
         return res.stdout.strip().split(";")[0]
 
     def job_info(self, job_id: str) -> dict[str, str]:
-        for _ in range(3):
-            res = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30)
+        for attempt in range(3):
             # scontrol was once killed by SIGPIPE mid-query (its socket to a busy
-            # slurmctld closed); a query can be repeated, an error cannot.
+            # slurmctld closed), and once got no answer in 30 s from a slurmctld
+            # starved of CPU; a query can be repeated, an error cannot.
+            try:
+                res = self.run(["scontrol", "-o", "show", "job", job_id], timeout=30 * stretch())
+            except subprocess.TimeoutExpired:
+                if attempt == 2:
+                    raise
+                continue
             if res.returncode >= 0:
                 break
             time.sleep(1)

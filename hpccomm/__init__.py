@@ -7,13 +7,13 @@ Usage, under ``mpirun``, ``srun`` or ``hpccomm-run``::
 
     dist.init_process_group("hpccomm")  # rank and world size come from MPI
 
-CPU tensors travel through mpi4py. See the README for the feature table,
-configuration and limits.
+CPU tensors travel through mpi4py. Importing starts nothing: MPI starts when
+first needed, with settings chosen for the library mpi4py loads (see
+:mod:`hpccomm.world`). See the README for the feature table, configuration
+and limits.
 """
 
 from __future__ import annotations
-
-from hpccomm_run import apply_mpi_library_defaults
 
 from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
@@ -22,5 +22,4 @@ from .world import Identity, identity
 __all__ = ["Identity", "MonitoredBarrierError", "identity", "monitored_barrier", "register", "__version__"]
 __version__ = "0.1.0"
 
-apply_mpi_library_defaults()
 register()

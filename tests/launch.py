@@ -1,7 +1,11 @@
 """Launch rank scripts under a real MPI launcher, with a hard time limit.
 
 Every multi-rank test goes through :func:`run_ranks`, which starts
-``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session. A run
+``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session, or
+``<launcher> -n N python ...`` when ``HPCCOMM_TEST_LAUNCHER`` names another
+launcher (CI runs the collective and failure tests once more under the MPI
+library's own ``mpirun``/``mpiexec``, e.g.
+``HPCCOMM_TEST_LAUNCHER="mpirun --oversubscribe --bind-to none"``). A run
 that outlives its limit is killed, launcher and ranks (which the launcher may
 start in sessions of their own), by PID: only processes this helper started.
 The test then fails, so a hang can never run into CI's time limit.
@@ -10,14 +14,24 @@ The test then fails, so a hang can never run into CI's time limit.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 RANKS_DIR = Path(__file__).parent / "ranks"
 DEFAULT_LIMIT_S = 120
+#: hpccomm-run of the environment under test.
+HPCCOMM_RUN = [os.path.join(os.path.dirname(sys.executable), "hpccomm-run")]
+
+
+def default_launcher() -> list[str]:
+    """``HPCCOMM_TEST_LAUNCHER`` split into words, else :data:`HPCCOMM_RUN`."""
+    named = os.environ.get("HPCCOMM_TEST_LAUNCHER", "").strip()
+    return shlex.split(named) if named else list(HPCCOMM_RUN)
 
 
 @dataclass
@@ -39,6 +53,8 @@ def run_ranks(
     *args: str,
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
+    launcher: Sequence[str] | None = None,
+    python: str = sys.executable,
 ) -> RankRun:
     """Run ``tests/ranks/<script>`` on ``nprocs`` ranks and return its result.
 
@@ -48,9 +64,12 @@ def run_ranks(
         args: arguments for the script.
         env: extra environment variables for the ranks.
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
+        launcher: the launcher's command words (default: :func:`default_launcher`).
+        python: the interpreter as the command names it (a bare ``python3``
+            tests how the launcher resolves it).
     """
-    launcher = os.path.join(os.path.dirname(sys.executable), "hpccomm-run")
-    command = [launcher, "-n", str(nprocs), sys.executable, str(RANKS_DIR / script), *args]
+    words = list(launcher) if launcher is not None else default_launcher()
+    command = [*words, "-n", str(nprocs), python, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True

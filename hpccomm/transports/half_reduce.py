@@ -153,10 +153,11 @@ def _mpi_op_create() -> Any:
     """MPI_Op_create of the MPI library mpi4py loaded, or None where it cannot be found."""
     if _compiled is None:
         return None
-    # mpi4py opens libmpi privately (not RTLD_GLOBAL): find its mapped file.
+    # mpi4py opens libmpi privately (not RTLD_GLOBAL): find its mapped file
+    # (libmpich.so for a distribution's MPICH, e.g. Debian's).
     try:
         with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libmpi.so" in line})
+            paths = sorted({line.split()[-1] for line in maps if "/libmpi.so" in line or "/libmpich.so" in line})
     except OSError:
         return None
     for lib_path in paths:

@@ -1,6 +1,6 @@
 """What runs on top of the backend: DDP, FSDP2, DeviceMesh, functional collectives.
 
-DDP and FSDP2 are checked for parity with single-process training on the
+DDP, FSDP2 and HSDP (on hpccomm's node mesh) are checked for parity with single-process training on the
 concatenated batch: after a few steps every rank's parameters must equal the
 reference model's.
 """
@@ -9,40 +9,14 @@ from __future__ import annotations
 
 import sys
 
-import hpccomm  # noqa: F401
+import hpccomm
 import torch
 import torch.distributed as dist
 from rankcheck import check, run_all
+from training import assert_close, full_params, fully_sharded, make_model, train
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-STEPS = 3
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-
-def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same global batches on every rank; rank r trains on rows r::SIZE."""
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(4 * SIZE, 8, generator=g), torch.randn(4 * SIZE, 4, generator=g)) for _ in range(STEPS)]
-
-
-def reference_params() -> list[torch.Tensor]:
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def assert_close(params: list[torch.Tensor], what: str) -> None:
-    for got, want in zip(params, reference_params()):
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), f"{what}: max diff {(got - want).abs().max()}"
 
 
 @check
@@ -50,30 +24,24 @@ def ddp_matches_single_process_training() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(make_model(), bucket_cap_mb=0.0001)  # tiny buckets: several async all_reduces per step
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
-        opt.step()
-    assert_close([p.detach() for p in model.parameters()], "DDP")
+    train(model, RANK, SIZE)
+    assert_close([p.detach() for p in model.parameters()], SIZE, "DDP")
 
 
 @check
 def fsdp2_fully_shard_matches_single_process_training() -> None:
-    from torch.distributed.fsdp import fully_shard
+    model = fully_sharded()
+    train(model, RANK, SIZE)
+    assert_close(full_params(model), SIZE, "FSDP2")
 
-    model = make_model()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
-        opt.step()
-    full = [p.full_tensor().detach() for p in model.parameters()]
-    assert_close(full, "FSDP2")
+
+@check
+def hsdp_on_hpccomms_node_mesh_matches_single_process_training() -> None:
+    mesh = hpccomm.init_device_mesh("cpu")  # one node: (1, SIZE)
+    assert tuple(mesh.mesh.shape) == (1, SIZE) and mesh.mesh_dim_names == ("node", "local")
+    model = fully_sharded(mesh)
+    train(model, RANK, SIZE)
+    assert_close(full_params(model), SIZE, "HSDP")
 
 
 @check

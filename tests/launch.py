@@ -1,7 +1,8 @@
 """Launch rank scripts under a real MPI launcher, with a hard time limit.
 
 Every multi-rank test goes through :func:`run_ranks`, which starts
-``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session. A run
+``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session (or
+:func:`run_launcher`, for another launcher command: tests/nodes.py). A run
 that outlives its limit is killed, launcher and ranks (which the launcher may
 start in sessions of their own), by PID: only processes this helper started.
 The test then fails, so a hang can never run into CI's time limit.
@@ -13,11 +14,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 RANKS_DIR = Path(__file__).parent / "ranks"
 DEFAULT_LIMIT_S = 120
+FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
 
 
 @dataclass
@@ -50,7 +53,22 @@ def run_ranks(
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
     """
     launcher = os.path.join(os.path.dirname(sys.executable), "hpccomm-run")
-    command = [launcher, "-n", str(nprocs), sys.executable, str(RANKS_DIR / script), *args]
+    return run_launcher([launcher, "-n", str(nprocs)], script, *args, env=env, limit_s=limit_s)
+
+
+def run_launcher(
+    launcher: list[str], script: str, *args: str, env: dict[str, str] | None = None, limit_s: float = DEFAULT_LIMIT_S
+) -> RankRun:
+    """Run ``launcher ... python tests/ranks/<script> args`` in a new session, killed past ``limit_s``.
+
+    Args:
+        launcher: the launcher and its options, up to the program.
+        script: file name under tests/ranks.
+        args: arguments for the script.
+        env: extra environment variables for the launcher and ranks.
+        limit_s: wall-clock limit; past it the run is killed and timed_out set.
+    """
+    command = [*launcher, sys.executable, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True
@@ -96,3 +114,25 @@ def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
     assert run.returncode == 0, f"ranks failed (exit {run.returncode}):\n{run.output[-6000:]}"
     seen = {line.split("rank=")[1].split()[0] for line in run.lines(tag) if "rank=" in line}
     assert seen == {str(r) for r in range(nprocs)}, f"missing '{tag}' from some ranks:\n{run.output[-6000:]}"
+
+
+def ready_time(run: RankRun) -> float:
+    """The latest ``READY ... t=<time>`` stamp the ranks printed."""
+    stamps = [float(line.split("t=")[1]) for line in run.lines("READY")]
+    assert stamps, f"ranks never got ready:\n{run.output[-4000:]}"
+    return max(stamps)
+
+
+def check_failed_fast(run: RankRun, mode: str, evidence: list[str]) -> None:
+    """Fail unless the run failed (non-zero) within FAIL_FAST_S of its ranks' READY lines, saying ``evidence``."""
+    ended = time.time()
+    assert not run.timed_out, f"job hung after rank 1 failed ({mode}):\n{run.output[-4000:]}"
+    assert run.returncode != 0, f"launcher exited 0 although rank 1 failed:\n{run.output[-4000:]}"
+    took = ended - ready_time(run)
+    assert took < FAIL_FAST_S, f"job took {took:.1f}s to end after the failure"
+    assert "UNEXPECTED" not in run.output
+    for fragment in evidence:
+        assert fragment in run.output, f"output does not say {fragment!r}:\n{run.output[-4000:]}"
+    if mode.startswith("sigkill"):
+        lowered = run.output.lower()
+        assert "signal 9" in lowered or "killed" in lowered or "exit code: 9" in lowered, run.output[-4000:]

@@ -3,7 +3,7 @@
 setuptools runs them through ``cffi_modules`` (see setup.py) when the package
 is built. Each extension is optional: where it cannot be compiled the install
 still succeeds, and hpccomm falls back (16-bit floats reduced with torch;
-all-reduce on MPI's collectives). By hand::
+every collective on MPI's). By hand::
 
     python cffi_build/extensions.py   # builds both *.so here
 """
@@ -23,10 +23,10 @@ def half_reduce() -> FFI:
     return _extension("half_reduce", ["-O3"])
 
 
-def shm_allreduce() -> FFI:
-    """``hpccomm._shm_allreduce``: the node-local shared-memory all-reduce engine."""
+def shm_collectives() -> FFI:
+    """``hpccomm._shm_collectives``: the node-local shared-memory collectives engine."""
     # -fwrapv: integer sums and products wrap on overflow, as torch's do.
-    return _extension("shm_allreduce", ["-O3", "-fwrapv"])
+    return _extension("shm_collectives", ["-O3", "-fwrapv"])
 
 
 def _extension(stem: str, compile_args: list[str]) -> FFI:
@@ -48,5 +48,5 @@ def _extension(stem: str, compile_args: list[str]) -> FFI:
 
 
 if __name__ == "__main__":
-    for build in (half_reduce, shm_allreduce):
+    for build in (half_reduce, shm_collectives):
         build().compile(verbose=True)

@@ -24,8 +24,7 @@ from .config import settings
 from .monitor import Monitor
 from .process_group import BACKEND_NAME, ProcessGroupHpccomm
 from .transports import Transport
-from .transports.mpi import MPITransport
-from .transports.shm import SharedMemoryChannel
+from .transports.topology_aware import cpu_transport
 
 _registered = False
 _world_comm: Any = None
@@ -97,7 +96,7 @@ def _world_communicator(fresh: bool) -> Any:
 
 
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
-    transports: dict[str, Transport] = {"cpu": MPITransport(comm, SharedMemoryChannel.for_group(comm))}
+    transports: dict[str, Transport] = {"cpu": cpu_transport(comm, global_ranks)}
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
     return ProcessGroupHpccomm(
         comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, Monitor(comm.Dup()), checker

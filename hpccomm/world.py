@@ -1,4 +1,4 @@
-"""The MPI world this process belongs to: start-up, identity and topology.
+"""The MPI world this process belongs to: start-up, identity and node layout.
 
 MPI starts lazily, on the first call that needs it, so that ``import hpccomm``
 (and torch's entry-point scan) stays cheap and side-effect free. Starting it
@@ -9,7 +9,9 @@ calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``. A program that
 imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
 MPI is the single source of truth for rank, world size, local rank and local
 world size; they are exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables.
+``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables. The node
+of every world rank (:class:`WorldNodes`) is learnt at the same time, so any
+group's layout follows without communicating (:mod:`hpccomm.topology`).
 """
 
 from __future__ import annotations
@@ -52,8 +54,24 @@ class Identity:
         return self.num_nodes == 1
 
 
+@dataclass(frozen=True)
+class WorldNodes:
+    """Which node each world rank runs on.
+
+    Attributes:
+        node_of: the node index of each world rank; nodes are numbered in the
+            order of their lowest world rank. A node is what MPI calls a
+            shared-memory domain (``MPI_COMM_TYPE_SHARED``).
+        hosts: the host name of each node.
+    """
+
+    node_of: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+
 _lock = threading.Lock()
 _identity: Identity | None = None
+_nodes: WorldNodes | None = None
 
 
 _MPI_MODULE: "_MPI | None" = None
@@ -117,21 +135,37 @@ def identity() -> Identity:
     return _identity
 
 
+def nodes() -> WorldNodes:
+    """Start MPI if needed and return the node of every world rank."""
+    identity()
+    assert _nodes is not None
+    return _nodes
+
+
 def _discover() -> Identity:
+    global _nodes
     MPI = mpi()
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     try:
         local_rank, local_size = node.rank, node.size
-        leaders = world.allreduce(1 if local_rank == 0 else 0, op=MPI.SUM)
+        # key=world.rank: local rank 0 is the node's lowest world rank, which names the node.
+        lowest = node.bcast(world.rank, root=0)
     finally:
         node.Free()
+    per_rank = world.allgather((lowest, hostname()))
+    lowest_ranks = sorted({low for low, _host in per_rank})
+    index = {low: i for i, low in enumerate(lowest_ranks)}
+    _nodes = WorldNodes(
+        node_of=tuple(index[low] for low, _host in per_rank),
+        hosts=tuple(per_rank[low][1] for low in lowest_ranks),
+    )
     return Identity(
         rank=world.rank,
         world_size=world.size,
         local_rank=local_rank,
         local_world_size=local_size,
-        num_nodes=leaders,
+        num_nodes=len(lowest_ranks),
         thread_level=MPI.Query_thread(),
     )
 

@@ -12,16 +12,11 @@ import sys
 import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
-from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, torch_op, valid_ops, value
+from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, same, torch_op, valid_ops, value
 from rankcheck import check, expect_error, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-
-def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert torch.equal(actual, expected), f"{what}: got {actual.tolist()} expected {expected.tolist()}"
-
 
 # -- reductions -----------------------------------------------------------------
 

@@ -5,6 +5,8 @@ all_reduce that needs it:
     raise: an uncaught exception.
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
+    sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
+          way, then SIGKILLs itself while the others are inside it.
     skip: rank 1 skips one all_reduce but stays alive; the others must time
           out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
@@ -41,6 +43,15 @@ if rank == 1 and mode == "exit3":
     sys.exit(3)
 if rank == 1 and mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
+if mode == "sigkill-inside":
+    big = torch.ones(4 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    if rank == 1:
+        for _ in range(3):
+            work.is_completed()  # some progress, not all: the others are inside the collective
+        os.kill(os.getpid(), signal.SIGKILL)
+    work.wait()
+    say(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1")
 
 if mode == "skip":
     start = time.monotonic()

@@ -31,6 +31,24 @@ def identity_comes_from_mpi_and_is_exported() -> None:
 
 
 @check
+def topology_of_one_node() -> None:
+    import socket
+
+    topo = hpccomm.topology()
+    assert topo.num_nodes == 1 and topo.hosts == (socket.gethostname(),)
+    assert topo.nodes == (tuple(range(SIZE)),) and topo.leaders == (0,) and topo.uniform
+    assert (topo.rank, topo.local_rank, topo.local_size) == (RANK, RANK, SIZE)
+    assert dist.get_process_group_ranks(hpccomm.node_group()) == list(range(SIZE))
+    leaders = hpccomm.leaders_group()
+    if RANK == 0:
+        assert dist.get_process_group_ranks(leaders) == [0]
+    else:
+        assert leaders is dist.GroupMember.NON_GROUP_MEMBER
+    mesh = hpccomm.init_device_mesh("cpu")
+    assert mesh.mesh.tolist() == [list(range(SIZE))]
+
+
+@check
 def new_group_subsets_and_non_members() -> None:
     evens = list(range(0, SIZE, 2))
     group = dist.new_group(evens)

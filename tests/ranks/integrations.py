@@ -1,6 +1,6 @@
 """What runs on top of the backend: DDP, FSDP2, DeviceMesh, functional collectives.
 
-DDP and FSDP2 are checked for parity with single-process training on the
+DDP, FSDP2 and HSDP (on hpccomm's node mesh) are checked for parity with single-process training on the
 concatenated batch: after a few steps every rank's parameters must equal the
 reference model's.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import sys
 
-import hpccomm  # noqa: F401
+import hpccomm
 import torch
 import torch.distributed as dist
 import training
 from rankcheck import check, run_all
-from training import make_model
+from training import full_params, fully_sharded, make_model
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
@@ -30,11 +30,7 @@ def assert_close(params: list[torch.Tensor], what: str) -> None:
 
 def train_ddp(model: torch.nn.Module) -> list[torch.Tensor]:
     """Train a DDP-wrapped copy of make_model() on this rank's rows; return its parameters."""
-    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
-        opt.step()
+    training.train(model, RANK, SIZE)
     return [p.detach().clone() for p in model.parameters()]
 
 
@@ -110,20 +106,18 @@ def zero_redundancy_optimizer_matches_single_process_training() -> None:
 
 @check
 def fsdp2_fully_shard_matches_single_process_training() -> None:
-    from torch.distributed.fsdp import fully_shard
+    model = fully_sharded()
+    training.train(model, RANK, SIZE)
+    assert_close(full_params(model), "FSDP2")
 
-    model = make_model()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
-        opt.step()
-    full = [p.full_tensor().detach() for p in model.parameters()]
-    assert_close(full, "FSDP2")
+
+@check
+def hsdp_on_hpccomms_node_mesh_matches_single_process_training() -> None:
+    mesh = hpccomm.init_device_mesh("cpu")  # one node: (1, SIZE)
+    assert tuple(mesh.mesh.shape) == (1, SIZE) and mesh.mesh_dim_names == ("node", "local")
+    model = fully_sharded(mesh)
+    training.train(model, RANK, SIZE)
+    assert_close(full_params(model), "HSDP")
 
 
 @check

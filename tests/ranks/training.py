@@ -1,4 +1,4 @@
-"""A tiny training problem shared by the integration checks, with its single-process answer.
+"""A tiny training problem shared by the integration checks (DDP, FSDP2, HSDP, frameworks), with its single-process answer.
 
 Every framework check trains make_model() for STEPS steps of SGD on the same
 global batches, each rank on its share of each batch (rows rank::size, which
@@ -34,6 +34,15 @@ def dataset(size: int) -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(torch.cat(xs), torch.cat(ys))
 
 
+def train(model: torch.nn.Module, rank: int, size: int) -> None:
+    """:data:`STEPS` SGD steps of ``model`` on rows ``rank::size`` of each batch (all rows: rank 0 of 1)."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for x, y in batches(size):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x[rank::size]), y[rank::size]).backward()
+        opt.step()
+
+
 def reference_params(size: int) -> list[torch.Tensor]:
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -50,3 +59,20 @@ def assert_close(params: list[torch.Tensor], size: int, what: str) -> None:
     assert len(params) == len(want_all), f"{what}: {len(params)} parameters, expected {len(want_all)}"
     for got, want in zip(params, want_all):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), f"{what}: max diff {(got - want).abs().max()}"
+
+
+def fully_sharded(mesh: object = None) -> torch.nn.Module:
+    """:func:`make_model` with ``fully_shard`` on each Linear and on the whole (over ``mesh``: 2-D is HSDP)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def full_params(model: torch.nn.Module) -> list[torch.Tensor]:
+    """A sharded (FSDP2/HSDP) model's whole parameters: its DTensors gathered."""
+    return [p.full_tensor().detach() for p in model.parameters()]

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from launch import DEFAULT_LIMIT_S, RankRun, run_launcher
 
-from hpccomm_run import find_mpiexec, mpi_flavour
+from hpccomm_run import find_launcher, mpi_flavour, mpi_library
 
 AGENT = Path(__file__).parent / "nodes_agent.sh"
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
@@ -118,13 +118,18 @@ def _start_node(host: str, state: str, hosts_file: str) -> subprocess.Popen:
     return holder
 
 
+def _mpiexec() -> str:
+    """The launcher of the MPI library mpi4py loads (hpccomm-run's choice)."""
+    return find_launcher(mpi_library())[0].path
+
+
 def _launcher(hosts: list[str], per_node: Sequence[int], round_robin: bool) -> list[str]:
     nprocs = str(sum(per_node))
     if mpi_flavour() == "openmpi":
         spec = ",".join(f"{host}:{n}" for host, n in zip(hosts, per_node))
         mapping = ["--map-by", "node"] if round_robin else []
-        return [find_mpiexec(), "-n", nprocs, "--host", spec, *mapping, "--bind-to", "none",
+        return [_mpiexec(), "-n", nprocs, "--host", spec, *mapping, "--bind-to", "none",
                 "--mca", "plm_rsh_agent", str(AGENT)]
     spec = ",".join(f"{host}:{1 if round_robin else n}" for host, n in zip(hosts, per_node))
-    return [find_mpiexec(), "-n", nprocs, "-hosts", spec, "-launcher", "ssh", "-launcher-exec", str(AGENT)]
+    return [_mpiexec(), "-n", nprocs, "-hosts", spec, "-launcher", "ssh", "-launcher-exec", str(AGENT)]
 

@@ -23,6 +23,27 @@ def _flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+#: Devices hpccomm routes tensors of, and the transports that may serve them.
+DEVICES = ("cpu", "cuda")
+TRANSPORTS = ("auto", "mpi", "ucc")
+
+
+def _transports(name: str) -> tuple[tuple[str, str], ...]:
+    """``HPCCOMM_TRANSPORT``: (device, transport) pairs; a bare transport name applies to every device."""
+    value = os.environ.get(name, "").strip().lower() or "auto"
+    routes = dict.fromkeys(DEVICES, "auto")
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        device, _, transport = item.rpartition(":")
+        if transport not in TRANSPORTS or (device and device not in DEVICES):
+            raise ValueError(
+                f"hpccomm: {name}={value!r}: {item!r} is not a transport ({', '.join(TRANSPORTS)}) "
+                f"or device:transport (devices {', '.join(DEVICES)}), e.g. cpu:mpi,cuda:ucc"
+            )
+        for target in [device] if device else DEVICES:
+            routes[target] = transport
+    return tuple(routes.items())
+
+
 def _size(name: str, default: int) -> int:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -54,6 +75,10 @@ class Config:
             shared memory off).
         shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: smaller all-reduces stay on
             MPI's all-reduce (default 32 KiB, from where it wins here).
+        transports: ``HPCCOMM_TRANSPORT``: which transport serves each
+            device, as (device, transport) pairs: ``auto`` (CPU: MPI; CUDA:
+            UCC where it is built), ``mpi`` or ``ucc``, for every device
+            (``ucc``) or per device (``cpu:mpi,cuda:ucc``).
     """
 
     debug: bool
@@ -61,6 +86,7 @@ class Config:
     half_kernels: str
     shm_slot_bytes: int
     shm_min_bytes: int
+    transports: tuple[tuple[str, str], ...]
 
 
 def _read() -> Config:
@@ -71,6 +97,7 @@ def _read() -> Config:
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 32 << 10),
+        transports=_transports("HPCCOMM_TRANSPORT"),
     )
 
 

@@ -64,6 +64,8 @@ def _import_mpi() -> "_MPI":
     global _MPI_MODULE
     import sys
 
+    _load_transports_first()
+
     import mpi4py
 
     if "mpi4py.MPI" not in sys.modules:
@@ -74,6 +76,20 @@ def _import_mpi() -> "_MPI":
 
     _MPI_MODULE = MPI
     return MPI
+
+
+def _load_transports_first() -> None:
+    """Load UCC, where a device is routed to it, before MPI loads its own UCX (see hpccomm.ucc.binding)."""
+    from .transports import selection
+
+    if selection.wants_ucc():
+        from .transports import ucc
+        from .ucc import UCCUnavailableError
+
+        try:
+            ucc.prepare()
+        except UCCUnavailableError:
+            pass  # building the first group says why, with the fix
 
 
 def identity() -> Identity:

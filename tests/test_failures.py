@@ -1,12 +1,13 @@
 """Failures end jobs fast and say why (raise, sys.exit(3), SIGKILL); stuck collectives time out; abort.
 
-Each case runs at 2 and 3 ranks and asserts both the time bound and the message.
+Each case runs at 2 and 3 ranks, on each transport, and asserts both the time bound and the message.
 """
 
 import time
 
 import pytest
 from launch import run_ranks
+from transports import ON_UCC, TRANSPORTS, needs_ucc
 
 FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
 # Every all-reduce on the node-local shared-memory path: its waits must fail the same way.
@@ -19,6 +20,7 @@ def ready_time(run) -> float:
     return max(stamps)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize(
     "mode, evidence",
@@ -28,8 +30,8 @@ def ready_time(run) -> float:
         ("sigkill", ["1"]),
     ],
 )
-def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence):
-    run = run_ranks(nprocs, "failures.py", mode, limit_s=120)
+def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence, transport):
+    run = run_ranks(nprocs, "failures.py", mode, env=transport, limit_s=120)
     check_failed_fast(run, mode, evidence)
 
 
@@ -51,7 +53,17 @@ def check_failed_fast(run, mode, evidence):
         assert "signal 9" in lowered or "killed" in lowered or "exit code: 9" in lowered, run.output[-4000:]
 
 
-@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+# Each stuck-operation case on MPI, on the shared-memory path, and on UCC.
+STUCK = [
+    pytest.param(2, {}, id="2"),
+    pytest.param(3, {}, id="3"),
+    pytest.param(3, SHM, id="3-shm"),
+    pytest.param(2, ON_UCC, id="2-ucc", marks=needs_ucc),
+    pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc),
+]
+
+
+@pytest.mark.parametrize("nprocs, env", STUCK)
 def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     timeout_s = 3.0
     run = run_ranks(nprocs, "failures.py", "skip", str(timeout_s), env=env, limit_s=120)
@@ -65,7 +77,7 @@ def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     assert len(run.lines("EXITED")) == nprocs, "destroy or exit hung after the timeout"
 
 
-@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+@pytest.mark.parametrize("nprocs, env", STUCK)
 def test_abort_fails_pending_work_and_refuses_later_calls(nprocs, env):
     run = run_ranks(nprocs, "failures.py", "abort", env=env, limit_s=120)
     assert not run.timed_out and run.returncode == 0, run.output[-4000:]

@@ -23,6 +23,7 @@ from ..world import mpi
 from . import Transport
 from .mpi_types import Reduction, datatype
 from .shm import SharedMemoryChannel, ShmAllreduce
+from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.
@@ -102,68 +103,12 @@ def _spans(tensor: torch.Tensor) -> list[tuple[Any, Any]]:
     return [_buffer(flat[i : i + MAX_ELEMENTS_PER_CALL]) for i in range(0, numel, MAX_ELEMENTS_PER_CALL)]
 
 
-def _staged(tensor: torch.Tensor, after: list[Callable[[], None]], copy_in: bool = True) -> torch.Tensor:
-    """A contiguous tensor to communicate through; copies back when it is a stand-in."""
-    if tensor.is_contiguous():
-        return tensor
-    stage = tensor.contiguous() if copy_in else torch.empty(tensor.shape, dtype=tensor.dtype)
-    after.append(lambda: tensor.copy_(stage))
-    return stage
-
-
-def _scatter_back(flat: torch.Tensor, outputs: Sequence[torch.Tensor]) -> Callable[[], None]:
-    """A step that copies consecutive slices of ``flat`` into ``outputs``."""
-
-    def copy_out() -> None:
-        offset = 0
-        for out in outputs:
-            n = out.numel()
-            out.copy_(flat[offset : offset + n].view(out.shape))
-            offset += n
-
-    return copy_out
-
-
-def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """True when two contiguous tensors share any bytes."""
-    a_start, b_start = a.data_ptr(), b.data_ptr()
-    return a_start < b_start + b.nbytes and b_start < a_start + a.nbytes and a.nbytes > 0 and b.nbytes > 0
-
-
-def _unaliased(send: torch.Tensor, recv: torch.Tensor) -> torch.Tensor:
-    """``send``, or a copy of it when it overlaps ``recv``: MPI forbids aliased buffers."""
-    return send.clone() if _overlaps(send, recv) else send
-
-
-def _concat(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    if not tensors:
-        return torch.empty(0, dtype=dtype)
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
 def _check_count(op_name: str, total: int) -> None:
     if total > _INT_MAX:
         raise ValueError(
             f"hpccomm {op_name}: {total} elements exceed MPI's 32-bit count limit for this op "
             f"(only all_reduce, broadcast, reduce, send and recv split larger tensors)"
         )
-
-
-def _premultiplied(tensor: torch.Tensor, reduction: Reduction, in_place: bool) -> torch.Tensor:
-    factor = reduction.premul_factor
-    if factor is None:
-        return tensor
-    if isinstance(factor, torch.Tensor):
-        factor = factor.to(device=tensor.device, dtype=tensor.dtype)
-    return tensor.mul_(factor) if in_place else tensor * factor
-
-
-def _averager(tensor: torch.Tensor, reduction: Reduction, size: int) -> list[Callable[[], None]]:
-    if not reduction.divide_by_size:
-        return []
-    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-        return [lambda: tensor.div_(size)]
-    return [lambda: tensor.div_(size, rounding_mode="trunc")]
 
 
 class MPITransport(Transport):
@@ -211,31 +156,31 @@ class MPITransport(Transport):
                 return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
         MPI = mpi()
         requests: list[Any] = []
-        after: list[Callable[[], None]] = []
+        after: After = []
         for tensor in tensors:
-            work = _staged(tensor, after)
-            _premultiplied(work, reduction, in_place=True)
+            work = staged(tensor, after)
+            premultiplied(work, reduction, in_place=True)
             for span in _spans(work):
                 requests.append(self._comm.Iallreduce(MPI.IN_PLACE, span, reduction.mpi_op))
-            after[:0] = _averager(work, reduction, self._size)
+            after[:0] = averager(work, reduction, self._size)
         return MPIPending(requests, after)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> MPIPending:
-        after: list[Callable[[], None]] = []
-        work = _staged(tensor, after)
+        after: After = []
+        work = staged(tensor, after)
         requests = [self._comm.Ibcast(span, root) for span in _spans(work)]
         return MPIPending(requests, after)
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> MPIPending:
         MPI = mpi()
-        after: list[Callable[[], None]] = []
+        after: After = []
         if self._rank == root:
-            work = _premultiplied(_staged(tensor, after), reduction, in_place=True)
+            work = premultiplied(staged(tensor, after), reduction, in_place=True)
             requests = [self._comm.Ireduce(MPI.IN_PLACE, span, reduction.mpi_op, root) for span in _spans(work)]
-            after[:0] = _averager(work, reduction, self._size)
+            after[:0] = averager(work, reduction, self._size)
         else:
             # Only the root's tensor changes: send from a copy when premultiplying.
-            work = _premultiplied(tensor.contiguous(), reduction, in_place=False)
+            work = premultiplied(tensor.contiguous(), reduction, in_place=False)
             requests = [self._comm.Ireduce(span, None, reduction.mpi_op, root) for span in _spans(work)]
         return MPIPending(requests, after, keep=(work,))
 
@@ -247,18 +192,18 @@ class MPITransport(Transport):
         send = tensor.contiguous()
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
         request = self._comm.Iallgatherv(_buffer(send), _vector(flat, counts))
-        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
+        return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> MPIPending:
         _check_count("all_gather_into_tensor", output.numel())
-        after: list[Callable[[], None]] = []
-        recv = _staged(output, after, copy_in=False)
+        after: After = []
+        recv = staged(output, after, copy_in=False)
         send = tensor.contiguous()
         if send.data_ptr() == recv.data_ptr() + self._rank * send.nbytes:
             # In place, as FSDP2 calls it: the input is this rank's slot of the output.
             request = self._comm.Iallgather(mpi().IN_PLACE, _buffer(recv))
         else:
-            send = _unaliased(send, recv)
+            send = unaliased(send, recv)
             request = self._comm.Iallgather(_buffer(send), _buffer(recv))
         return MPIPending([request], after, keep=(send, recv))
 
@@ -271,17 +216,17 @@ class MPITransport(Transport):
         _check_count("gather", sum(counts))
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
         request = self._comm.Igatherv(_buffer(send), _vector(flat, counts), root)
-        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
+        return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> MPIPending:
-        after: list[Callable[[], None]] = []
-        recv = _staged(output, after, copy_in=False)
+        after: After = []
+        recv = staged(output, after, copy_in=False)
         if inputs is None:
             flat, send = None, None
         else:
             counts = [t.numel() for t in inputs]
             _check_count("scatter", sum(counts))
-            flat = _concat(inputs, output.dtype)
+            flat = concat(inputs, output.dtype)
             send = _vector(flat, counts)
         request = self._comm.Iscatterv(send, _buffer(recv), root)
         return MPIPending([request], after, keep=(flat, recv))
@@ -289,20 +234,20 @@ class MPITransport(Transport):
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending:
         counts = [t.numel() for t in inputs]
         _check_count("reduce_scatter", sum(counts))
-        send = _premultiplied(_concat(inputs, output.dtype), reduction, in_place=True)
-        after: list[Callable[[], None]] = []
-        recv = _staged(output, after, copy_in=False)
+        send = premultiplied(concat(inputs, output.dtype), reduction, in_place=True)
+        after: After = []
+        recv = staged(output, after, copy_in=False)
         request = self._comm.Ireduce_scatter(_buffer(send), _buffer(recv), counts, reduction.mpi_op)
-        return MPIPending([request], [*_averager(recv, reduction, self._size), *after], keep=(send, recv))
+        return MPIPending([request], [*averager(recv, reduction, self._size), *after], keep=(send, recv))
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> MPIPending:
         _check_count("reduce_scatter_tensor", tensor.numel())
-        send = _premultiplied(tensor.contiguous(), reduction, in_place=False)
-        after: list[Callable[[], None]] = []
-        recv = _staged(output, after, copy_in=False)
-        send = _unaliased(send, recv)
+        send = premultiplied(tensor.contiguous(), reduction, in_place=False)
+        after: After = []
+        recv = staged(output, after, copy_in=False)
+        send = unaliased(send, recv)
         request = self._comm.Ireduce_scatter_block(_buffer(send), _buffer(recv), reduction.mpi_op)
-        return MPIPending([request], [*_averager(recv, reduction, self._size), *after], keep=(send, recv))
+        return MPIPending([request], [*averager(recv, reduction, self._size), *after], keep=(send, recv))
 
     # -- all-to-all ---------------------------------------------------------
 
@@ -311,19 +256,19 @@ class MPITransport(Transport):
         recv_counts = [t.numel() for t in outputs]
         _check_count("all_to_all", max(sum(send_counts), sum(recv_counts)))
         dtype = outputs[0].dtype
-        send = _concat(inputs, dtype)
+        send = concat(inputs, dtype)
         flat = torch.empty(sum(recv_counts), dtype=dtype)
         request = self._comm.Ialltoallv(_vector(send, send_counts), _vector(flat, recv_counts))
-        return MPIPending([request], [_scatter_back(flat, outputs)], keep=(send, flat))
+        return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
     ) -> MPIPending:
         _check_count("all_to_all_single", max(tensor.numel(), output.numel()))
         send = tensor.contiguous()
-        after: list[Callable[[], None]] = []
-        recv = _staged(output, after, copy_in=False)
-        send = _unaliased(send, recv)
+        after: After = []
+        recv = staged(output, after, copy_in=False)
+        send = unaliased(send, recv)
         request = self._comm.Ialltoallv(_vector(send, input_counts), _vector(recv, output_counts))
         return MPIPending([request], after, keep=(send, recv))
 
@@ -339,8 +284,8 @@ class MPITransport(Transport):
 
     def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> MPIPending:
         MPI = mpi()
-        after: list[Callable[[], None]] = []
-        recv = _staged(tensor, after, copy_in=False)
+        after: After = []
+        recv = staged(tensor, after, copy_in=False)
         if peer is None:
             if recv.numel() > MAX_ELEMENTS_PER_CALL:
                 raise ValueError(

@@ -1,9 +1,9 @@
 """Metadata lives in pyproject.toml; this adds the optional cffi extensions.
 
-``hpccomm._half_reduce`` and ``hpccomm._shm_allreduce`` (built from cffi_build/)
+``hpccomm._half_reduce`` and ``hpccomm._shm_collectives`` (built from cffi_build/)
 are optional: where they cannot be compiled the install still succeeds,
-bfloat16/float16 reductions use torch and all-reduce always goes through MPI's
-collectives. ``hpccomm._ucc``, the UCC binding, is built only where UCC is
+bfloat16/float16 reductions use torch and every collective goes through MPI's.
+``hpccomm._ucc``, the UCC binding, is built only where UCC is
 found (``UCC_HOME``, else ``pkg-config ucc``); the build says which, once.
 """
 
@@ -40,7 +40,7 @@ class BuildExtensions(build_ext):
 setup(
     cffi_modules=[
         f"{_BUILDERS}:half_reduce",
-        f"{_BUILDERS}:shm_allreduce",
+        f"{_BUILDERS}:shm_collectives",
         *([f"{_BUILDERS}:ucc"] if UCC is not None else []),
     ],
     cmdclass={"build_ext": BuildExtensions},

@@ -3,7 +3,7 @@
 setuptools runs them through ``cffi_modules`` (see setup.py) when the package
 is built. Each extension is optional: where it cannot be compiled the install
 still succeeds, and hpccomm falls back (16-bit floats reduced with torch;
-all-reduce on MPI's collectives; no UCC transport). By hand::
+all collectives on MPI's; no UCC transport). By hand::
 
     python cffi_build/extensions.py   # builds every *.so it can here
 """
@@ -26,10 +26,10 @@ def half_reduce() -> FFI:
     return _extension("half_reduce", ["-O3"])
 
 
-def shm_allreduce() -> FFI:
-    """``hpccomm._shm_allreduce``: the node-local shared-memory all-reduce engine."""
+def shm_collectives() -> FFI:
+    """``hpccomm._shm_collectives``: the node-local shared-memory collectives engine."""
     # -fwrapv: integer sums and products wrap on overflow, as torch's do.
-    return _extension("shm_allreduce", ["-O3", "-fwrapv"])
+    return _extension("shm_collectives", ["-O3", "-fwrapv"])
 
 
 def ucc() -> FFI:
@@ -137,7 +137,7 @@ def _extension(stem: str, compile_args: list[str], api_cdef: str = "", **build: 
 
 
 if __name__ == "__main__":
-    builders = [half_reduce, shm_allreduce]
+    builders = [half_reduce, shm_collectives]
     if find_ucc()[0] is not None:
         builders.append(ucc)
     for build in builders:

@@ -144,7 +144,7 @@ __attribute__((target(AVX512))) static inline void store_f16_512(uint16_t *p, __
 
 HALF_LOOP(f16_avx512, AVX512, 16, __m512, load_f16_512, store_f16_512, combine512)
 
-/* ---- AVX2 + F16C: 8 lanes, float16 only ------------------------------------ */
+/* ---- AVX2 + F16C: 8 float32 lanes ------------------------------------------- */
 
 #define AVX2 "avx2,f16c"
 
@@ -172,17 +172,46 @@ __attribute__((target(AVX2))) static inline void store_f16_256(uint16_t *p, __m2
 
 HALF_LOOP(f16_avx2, AVX2, 8, __m256, load_f16_256, store_f16_256, combine256)
 
+/* bfloat16 on AVX2, as on AVX-512 (combine_bf16_halves, merge_bf16_halves):
+ * 16 words per vector, even elements shifted and odd ones masked into float32
+ * lanes in place, rounded by hand. Without it an AVX2-only CPU reduced bfloat16
+ * in a Python callback inside MPI and kept it off the shared-memory path. */
+__attribute__((target(AVX2))) static inline __m256i round_to_high_half_256(__m256 v) {
+    __m256i bits = _mm256_castps_si256(v);
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x400000)), nan);
+}
+
+__attribute__((target(AVX2))) static inline __m256i combine_bf16_256(int op, __m256i acc, __m256i in) {
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 even = combine256(op, _mm256_castsi256_ps(_mm256_slli_epi32(acc, 16)),
+                             _mm256_castsi256_ps(_mm256_slli_epi32(in, 16)));
+    __m256 odd = combine256(op, _mm256_castsi256_ps(_mm256_and_si256(acc, high)),
+                            _mm256_castsi256_ps(_mm256_and_si256(in, high)));
+    return _mm256_or_si256(_mm256_srli_epi32(round_to_high_half_256(even), 16),
+                           _mm256_and_si256(round_to_high_half_256(odd), high));
+}
+
+__attribute__((target(AVX2))) static inline __m256i load_words_256(const uint16_t *p) {
+    return _mm256_loadu_si256((const __m256i *)p);
+}
+
+__attribute__((target(AVX2))) static inline void store_words_256(uint16_t *p, __m256i v) {
+    _mm256_storeu_si256((__m256i *)p, v);
+}
+
+HALF_LOOP(bf16_avx2, AVX2, 16, __m256i, load_words_256, store_words_256, combine_bf16_256)
+
 /* ---- dispatch ---------------------------------------------------------------- */
 
 static int path_for(int dtype) {
     __builtin_cpu_init();
     int avx512 = __builtin_cpu_supports("avx512f");
-    if (dtype == HALF_BF16) { /* without AVX-512, torch's bfloat16 kernels are as fast as ours */
-        if (avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
-            __builtin_cpu_supports("avx512bf16"))
-            return HALF_PATH_AVX512_BF16;
-        return avx512 ? HALF_PATH_AVX512 : HALF_PATH_NONE;
-    }
+    if (dtype == HALF_BF16 && avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512bf16"))
+        return HALF_PATH_AVX512_BF16;
     if (avx512)
         return HALF_PATH_AVX512;
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") ? HALF_PATH_AVX2 : HALF_PATH_NONE;
@@ -193,8 +222,8 @@ static half_loop loop_for(int dtype, int path) {
         return bf16_avx512_bf16;
     if (path == HALF_PATH_AVX512)
         return dtype == HALF_BF16 ? bf16_avx512 : f16_avx512;
-    if (path == HALF_PATH_AVX2 && dtype == HALF_F16)
-        return f16_avx2;
+    if (path == HALF_PATH_AVX2)
+        return dtype == HALF_BF16 ? bf16_avx2 : f16_avx2;
     return NULL;
 }
 

@@ -7,19 +7,34 @@ Usage, under ``mpirun``, ``srun`` or ``hpccomm-run``::
 
     dist.init_process_group("hpccomm")  # rank and world size come from MPI
 
-CPU tensors travel through mpi4py. See the README for the feature table,
+CPU tensors travel through mpi4py, and through shared memory between ranks
+of one node. Importing starts nothing: MPI starts when first needed, with
+settings chosen for the library mpi4py loads (see :mod:`hpccomm.world`).
+:func:`topology` tells where the ranks of a group run; :func:`init_device_mesh`
+builds the (node, local) mesh for HSDP. See the README for the feature table,
 configuration and limits.
 """
 
 from __future__ import annotations
 
-from hpccomm_run import apply_mpi_library_defaults
-
+from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
+from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
 from .world import Identity, identity
 
-__all__ = ["Identity", "identity", "register", "__version__"]
+__all__ = [
+    "Identity",
+    "MonitoredBarrierError",
+    "Topology",
+    "identity",
+    "init_device_mesh",
+    "leaders_group",
+    "monitored_barrier",
+    "node_group",
+    "register",
+    "topology",
+    "__version__",
+]
 __version__ = "0.1.0"
 
-apply_mpi_library_defaults()
 register()

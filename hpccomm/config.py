@@ -44,7 +44,7 @@ def _transports(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(routes.items())
 
 
-def _size(name: str, default: int) -> int:
+def _size(name: str, default: int | None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
         return default
@@ -52,6 +52,14 @@ def _size(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"hpccomm: {name}={value!r} is not a whole number of bytes") from None
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> str:
+    """The value of ``name``, one of ``choices`` (the first when unset)."""
+    value = os.environ.get(name, "").strip().lower() or choices[0]
+    if value not in choices:
+        raise ValueError(f"hpccomm: {name}={value!r}; use {', '.join(choices)}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -70,11 +78,17 @@ class Config:
             the CPU has, else torch), ``torch``, ``avx2``, ``avx512`` or
             ``avx512bf16`` (at most that path; for tests and comparisons).
         shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
-            shared segment a group whose ranks share a node reduces through:
-            four pipeline buffers of a quarter each (default 4 MiB; 0 turns
-            shared memory off).
-        shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: smaller all-reduces stay on
-            MPI's all-reduce (default 32 KiB, from where it wins here).
+            shared segment the ranks of a group on one node communicate
+            through: four pipeline buffers of a quarter each (default 4 MiB;
+            0 turns shared memory off).
+        shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: when set, the smallest
+            collective that goes through shared memory, for every collective
+            (unset: each collective's own measured threshold, see
+            :mod:`hpccomm.transports.selector`).
+        algo: ``HPCCOMM_ALGO``: ``auto`` (the selector picks flat MPI,
+            shared memory or hierarchical per call), ``flat`` (MPI's own
+            collectives on the whole group, always) or ``hier`` (shared memory
+            and the hierarchy wherever they apply, at every size).
         transports: ``HPCCOMM_TRANSPORT``: which transport serves each
             device, as (device, transport) pairs: ``auto`` (CPU: MPI; CUDA:
             UCC where it is built), ``mpi`` or ``ucc``, for every device
@@ -85,7 +99,8 @@ class Config:
     progress_thread: bool
     half_kernels: str
     shm_slot_bytes: int
-    shm_min_bytes: int
+    shm_min_bytes: int | None
+    algo: str
     transports: tuple[tuple[str, str], ...]
 
 
@@ -96,7 +111,8 @@ def _read() -> Config:
         progress_thread=_flag("HPCCOMM_PROGRESS_THREAD", default=True),
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
-        shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", 32 << 10),
+        shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", None),
+        algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
     )
 

@@ -36,7 +36,10 @@ from torch._C._distributed_c10d import (
 )
 
 from . import debug, validation as check
+from .monitor import Monitor
 from .progress import DRAIN_TIMEOUT_S, engine
+from .sparse import SparseAllreduce
+from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import Reduction, reduction
 from .work import AllPending, HpcWork, Pending, complete_inline
@@ -78,6 +81,7 @@ def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Red
     return found
 
 
+@untraced
 class ProcessGroupHpccomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on hpccomm transports.
 
@@ -87,6 +91,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         transports: the transport for each device type (``"cpu"`` -> MPI).
         timeout: bounds every operation on the group.
         global_ranks: the world rank of each group rank.
+        monitor: runs the group's monitored barriers.
         checker: debug mode's cross-rank argument checker, or None.
     """
 
@@ -97,6 +102,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         transports: dict[str, Transport],
         timeout: timedelta,
         global_ranks: Sequence[int],
+        monitor: Monitor,
         checker: debug.Checker | None = None,
     ) -> None:
         super().__init__(rank, size)
@@ -109,6 +115,7 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._group_name = ""
         self._seq = 0
         self._closed: str | None = None
+        self._monitor = monitor
         self._debug = checker
         self._async_works: list[HpcWork] = []
         # Set once an operation ended without its communication completing
@@ -143,6 +150,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         """World rank of each rank of this group."""
         return self._global_ranks
 
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The device types this group has a transport for.
+
+        torch reads it to pick a device for object collectives and in DCP
+        (``broadcast_from_rank0``, ``async_save``); a C++ process group derives
+        it from its registered backends, which a Python group has none of.
+        """
+        return [torch.device(kind) for kind in self._transports]
+
     # -- plumbing ----------------------------------------------------------
 
     def _route(self, op: str, tensor: torch.Tensor) -> Transport:
@@ -152,24 +169,38 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
 
     def _launch(
-        self, op: str, post: Pending, outputs: list[torch.Tensor], async_op: bool, peer: int | None = -1
+        self,
+        op: str,
+        post: Pending,
+        outputs: list[torch.Tensor],
+        async_op: bool,
+        peer: int | None = -1,
+        timeout_s: float | None = None,
     ) -> dist.Work:
         """Complete ``post`` inline, or wrap it in an HpcWork for the progress engine.
 
-        ``peer`` is the group rank a point-to-point op waits for (None: any
-        rank, so no single departure dooms it); -1, for collectives, means the
-        whole group.
+        Args:
+            op: the op's name, for messages.
+            post: the posted operation.
+            outputs: the tensors it writes (the future's value).
+            async_op: hand it to the progress engine instead of completing it here.
+            peer: the group rank a point-to-point op waits for (None: any rank,
+                so no single departure dooms it); -1, for collectives, means
+                the whole group.
+            timeout_s: this call's own timeout (torch's ``barrier(timeout=)``),
+                else the group's.
         """
         self._seq += 1
         peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
         label = (op, self, self._seq, peers)
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         if not async_op:
             try:
-                return complete_inline(post, label, self._timeout_s)
+                return complete_inline(post, label, timeout_s)
             except BaseException:
                 self._stranded = True
                 raise
-        work = HpcWork(post, outputs, label, self._timeout_s)
+        work = HpcWork(post, outputs, label, timeout_s)
         self._forget_ended_works()
         self._async_works.append(work)
         engine().submit(work)
@@ -183,12 +214,26 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
 
     def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = None) -> dist.Work:
         opts = opts or AllreduceOptions()
-        tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        try:
+            tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        except check.LayoutError:
+            if len(tensors) == 1 and tensors[0].is_sparse:  # checked only here: dense calls pay nothing
+                return self._allreduce_sparse(tensors[0], opts)
+            raise
         transport = self._route("all_reduce", tensor)
         red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
         if self._debug is not None:
             self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def _allreduce_sparse(self, tensor: torch.Tensor, opts: AllreduceOptions) -> dist.Work:
+        op = "all_reduce"
+        if _op_kind(opts.reduceOp) != int(RedOpType.SUM.value):
+            raise check.fail(op, f"sparse tensors are summed only (as with Gloo), got {opts.reduceOp.op}")
+        check.check_device(op, "tensor", tensor, self._transports)
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, shape=list(tensor.shape), sparse_dim=tensor.sparse_dim())
+        return self._launch(op, SparseAllreduce(transport, tensor, self._size), [tensor], opts.asyncOp)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions = None) -> dist.Work:
         opts = opts or AllreduceCoalescedOptions()
@@ -226,16 +271,16 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         opts = opts or AllgatherOptions()
         if len(output_tensors) != 1:
             raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
-        post, outputs = self._prepare_allgather(output_tensors[0], input_tensors)()
+        tensor = check.check_single("all_gather", "tensor", input_tensors, self._transports)
+        post, outputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
         return self._launch("all_gather", post, outputs, opts.asyncOp)
 
-    def _prepare_allgather(self, output_list: list[torch.Tensor], input_tensors: list[torch.Tensor]) -> Poster:
-        op = "all_gather"
-        tensor = check.check_single(op, "tensor", input_tensors, self._transports)
-        outputs = check.check_tensors(op, "tensor_list", output_list, self._transports)
-        check.check_length(op, "tensor_list", outputs, self._size)
-        check.check_same_dtype(op, "tensor_list[0]", outputs[0], tensor, "tensor")
-        check.check_numel(op, f"tensor_list[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
+    def _prepare_allgather(self, op: str, out_arg: str, output_list: list[torch.Tensor], tensor: torch.Tensor) -> Poster:
+        """Check one all-gather of the (checked) ``tensor`` into ``output_list``, one tensor per rank."""
+        outputs = check.check_tensors(op, out_arg, output_list, self._transports)
+        check.check_length(op, out_arg, outputs, self._size)
+        check.check_same_dtype(op, f"{out_arg}[0]", outputs[0], tensor, "tensor")
+        check.check_numel(op, f"{out_arg}[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
         return lambda: (transport.allgather(outputs, tensor), outputs)
@@ -243,11 +288,24 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
+        """Gather each input from every rank: ``output_lists[rank][i]`` receives ``rank``'s ``input_list[i]``."""
         opts = opts or AllgatherOptions()
-        if len(output_lists) != len(input_list):
-            raise check.fail("all_gather_coalesced", "output_tensor_lists and input_tensor_list differ in length")
-        posters = [self._prepare_allgather(outs, [inp]) for outs, inp in zip(output_lists, input_list)]
-        return self._launch_all("all_gather_coalesced", posters, opts.asyncOp)
+        op = "all_gather_coalesced"
+        inputs = check.check_tensors(op, "input_tensor_list", input_list, self._transports)
+        if not isinstance(output_lists, (list, tuple)):
+            raise check.fail(op, f"output_tensor_lists must be a list of lists, got {type(output_lists).__name__}")
+        check.check_length(op, "output_tensor_lists", output_lists, self._size)
+        for rank, outs in enumerate(output_lists):
+            if not isinstance(outs, (list, tuple)) or len(outs) != len(inputs):
+                got = f"{len(outs)} tensors" if isinstance(outs, (list, tuple)) else type(outs).__name__
+                raise check.fail(
+                    op, f"output_tensor_lists[{rank}] must hold one tensor per input ({len(inputs)}), got {got}"
+                )
+        posters = [
+            self._prepare_allgather(op, f"output_tensor_lists[*][{i}]", [outs[i] for outs in output_lists], tensor)
+            for i, tensor in enumerate(inputs)
+        ]
+        return self._launch_all(op, posters, opts.asyncOp)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
         opts = opts or AllgatherOptions()
@@ -426,8 +484,36 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
     def barrier(self, opts: BarrierOptions = None) -> dist.Work:
         opts = opts or BarrierOptions()
         transport = self._route("barrier", torch.empty(0))
+        own_timeout = opts.timeout.total_seconds()  # negative: torch's "unset"
         self._precheck("barrier")
-        return self._launch("barrier", transport.barrier(), [], opts.asyncOp)
+        post = transport.barrier()
+        return self._launch("barrier", post, [], opts.asyncOp, timeout_s=own_timeout if own_timeout > 0 else None)
+
+    def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``.
+
+        torch's ``dist.monitored_barrier`` serves Gloo only; this is the same
+        call on an hpccomm group (see :mod:`hpccomm.monitor`), also reachable
+        as :func:`hpccomm.monitored_barrier`.
+
+        Args:
+            timeout: how long to wait (a timedelta or seconds); default: the
+                group's timeout.
+            wait_all_ranks: rank 0 names every missing rank, not just the first.
+
+        Raises:
+            MonitoredBarrierError: on rank 0, naming the missing rank(s); on the
+                others, saying rank 0 did not release them.
+        """
+        if self._closed is not None:
+            raise RuntimeError(f"hpccomm monitored_barrier: {self.describe()} was {self._closed}; create a new group")
+        if isinstance(timeout, timedelta):
+            seconds = timeout.total_seconds()
+        else:
+            seconds = self._timeout_s if timeout is None else float(timeout)
+        if seconds < 0:
+            raise check.fail("monitored_barrier", f"timeout={timeout} must not be negative")
+        self._monitor.barrier(f"monitored_barrier on {self.describe()}", seconds, wait_all_ranks, self._global_ranks)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
         tensor = check.check_single("send", "tensor", tensors, self._transports)
@@ -505,5 +591,6 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         self._async_works = []
         for transport in self._transports.values():
             transport.close(in_flight=stranded)
+        self._monitor.close()
         if self._debug is not None:
             self._debug.close()

@@ -3,8 +3,10 @@
 MPI moves a nonblocking operation forward only while some thread is inside
 an MPI call. Work posted with ``async_op=True`` (and all work DDP posts from
 its autograd hooks) is handed to this engine, whose thread polls it until it
-completes, runs its follow-up and settles its future, so communication
-overlaps with the caller's compute. Blocking calls never come here.
+completes and runs its follow-up, so communication overlaps with the caller's
+compute. Blocking calls never come here. The thread never runs a future's
+callbacks: it hands the settling to :mod:`hpccomm.callbacks`, so a callback
+that waits on other work cannot stall the thread that would complete it.
 
 The thread starts on the first asynchronous operation and sleeps on a
 condition variable while there is nothing to drive. At interpreter exit,
@@ -21,9 +23,12 @@ import atexit
 import threading
 import time
 
+from . import callbacks
 from .work import HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
+#: How often the thread looks again at work that waiters are driving.
+_IDLE_RECHECK_S = 0.001
 #: At exit, how long to keep driving work that was posted but never waited on.
 DRAIN_TIMEOUT_S = 30.0
 
@@ -73,8 +78,14 @@ class ProgressEngine:
                     self._wakeup.wait()
                 if self._stopping:
                     return
-                works = list(self._works)
-            finished = [work for work in works if work.poll()]
+                works = [work for work in self._works if not work.waiters]
+                if not works:
+                    # Every pending work has a thread in wait() driving it: polling
+                    # too would only take the GIL from them (a blocking send/recv
+                    # ping-pong took 10x as long). Look again soon: a wait may time out.
+                    self._wakeup.wait(_IDLE_RECHECK_S)
+                    continue
+            finished = [work for work in works if work.poll(defer_callbacks=True)]
             if finished:
                 with self._wakeup:
                     self._works = [work for work in self._works if work not in finished]
@@ -136,4 +147,7 @@ def _at_exit(engine_: ProgressEngine) -> None:
             f"after {DRAIN_TIMEOUT_S:.0f} s; a peer may have stopped early",
             file=sys.stderr,
         )
+    # Callbacks of work completed just now may still run (and post work): let
+    # them finish while MPI is up.
+    callbacks.runner().quiesce(_JOIN_TIMEOUT_S)
     engine_.shutdown()

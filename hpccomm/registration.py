@@ -21,10 +21,10 @@ import torch.distributed as dist
 
 from . import debug, rendezvous, world
 from .config import settings
+from .monitor import Monitor
 from .process_group import BACKEND_NAME, ProcessGroupHpccomm
 from .transports import Transport, selection
-from .transports.mpi import MPITransport
-from .transports.shm import SharedMemoryChannel
+from .transports.topology_aware import cpu_transport
 
 _registered = False
 _world_comm: Any = None
@@ -98,7 +98,9 @@ def _world_communicator(fresh: bool) -> Any:
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
     transports = _transports_for(comm, global_ranks, timeout)
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
-    return ProcessGroupHpccomm(comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, checker)
+    return ProcessGroupHpccomm(
+        comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, Monitor(comm.Dup()), checker
+    )
 
 
 def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> dict[str, Transport]:
@@ -106,7 +108,7 @@ def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> d
     routes = selection.routes()
     built: dict[str, Transport] = {}
     if "mpi" in routes.values():
-        built["mpi"] = MPITransport(comm, SharedMemoryChannel.for_group(comm))
+        built["mpi"] = cpu_transport(comm, global_ranks)
     if "ucc" in routes.values():
         from .transports.ucc import UCCTransport  # loads UCC: only where it is used
 

@@ -14,6 +14,10 @@ from collections.abc import Collection, Sequence
 import torch
 
 
+class LayoutError(ValueError):
+    """A tensor is not dense (strided); all_reduce takes sparse COO tensors through another path."""
+
+
 def fail(op: str, message: str) -> ValueError:
     """A ValueError worded the hpccomm way: ``hpccomm <op>: <message>``."""
     return ValueError(f"hpccomm {op}: {message}")
@@ -31,9 +35,14 @@ def check_tensor(op: str, arg: str, tensor: object, routes: Collection[str]) -> 
     if not isinstance(tensor, torch.Tensor):
         raise fail(op, f"{arg} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout is not torch.strided:
-        raise fail(op, f"{arg} is a {tensor.layout} tensor; only dense (strided) tensors are supported")
+        raise LayoutError(f"hpccomm {op}: {arg} is a {tensor.layout} tensor; only dense (strided) tensors are supported")
     if tensor.is_cpu and "cpu" in routes:
         return tensor  # the common case, without the slower tensor.device lookup
+    return check_device(op, arg, tensor, routes)
+
+
+def check_device(op: str, arg: str, tensor: torch.Tensor, routes: Collection[str]) -> torch.Tensor:
+    """Check this group has a transport for ``tensor``'s device type (RuntimeError if not)."""
     device = tensor.device.type
     if device not in routes:
         raise RuntimeError(

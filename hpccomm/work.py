@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from . import failure
+from . import callbacks, failure
+from .tracing import untraced
 
 # Poll this many times between clock reads: reading the clock costs more
 # than a poll of a request that is about to complete.
@@ -60,8 +61,13 @@ class AllPending:
             part.finish()
 
 
-class CommTimeoutError(RuntimeError):
-    """A collective or point-to-point operation did not complete in time."""
+class CommTimeoutError(dist.DistBackendError):
+    """A collective or point-to-point operation did not complete in time.
+
+    A ``torch.distributed.DistBackendError`` (and so a RuntimeError), as NCCL's
+    timeouts are, and worded as torch's backends word theirs ("Timed out
+    waiting <N>ms"), so code that catches or matches those catches this too.
+    """
 
 
 Label = tuple  # (op name, group, sequence number, peer world ranks or None for the whole group)
@@ -105,8 +111,9 @@ def check_abandoned(label: Label) -> None:
 
 def timeout_error(label: Label, waited_s: float) -> CommTimeoutError:
     """The error for an operation that did not complete within ``waited_s``."""
+    waited_ms = max(1, round(waited_s * 1000))
     return CommTimeoutError(
-        f"hpccomm {describe(label)} did not complete within {waited_s:.1f} s; "
+        f"hpccomm {describe(label)}: Timed out waiting {waited_ms}ms for it to complete; "
         "a peer rank may not have joined this operation"
     )
 
@@ -132,6 +139,7 @@ def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "Comple
     return COMPLETED
 
 
+@untraced
 class CompletedWork(dist.Work):
     """The Work of a blocking operation, which has completed before it is returned.
 
@@ -161,6 +169,7 @@ class CompletedWork(dist.Work):
 COMPLETED = CompletedWork()
 
 
+@untraced
 class HpcWork(dist.Work):
     """Handle for one posted operation.
 
@@ -183,13 +192,21 @@ class HpcWork(dist.Work):
         self._done = False
         self._error: BaseException | None = None
         self._future: Future | None = None
+        # Threads inside wait(): each drives the work itself, so the progress
+        # thread leaves it alone rather than contend with them for the GIL.
+        self.waiters = 0
 
     # -- driving ---------------------------------------------------------
 
-    def poll(self) -> bool:
+    def poll(self, defer_callbacks: bool = False) -> bool:
         """Progress once without blocking; True when the work has ended.
 
-        Used by the progress engine: skips a work some waiter is driving.
+        Skips a work some waiter is driving.
+
+        Args:
+            defer_callbacks: settle the future (and so run its callbacks) on a
+                :mod:`~hpccomm.callbacks` runner thread instead of this one:
+                the progress thread must never block in a user's callback.
         """
         if self._done:
             return True
@@ -198,19 +215,19 @@ class HpcWork(dist.Work):
         try:
             if not self._done:
                 if self._pending.test():
-                    self._complete(None)
+                    self._complete(None, defer_callbacks)
                 elif time.monotonic() > self._deadline:
-                    self._complete(self._timeout_error(self._timeout_s))
+                    self._complete(self._timeout_error(self._timeout_s), defer_callbacks)
                 else:
                     try:
                         check_abandoned(self._label)
                     except (failure.PeerExitedError, GroupClosedError) as exc:
-                        self._complete(exc)
+                        self._complete(exc, defer_callbacks)
         finally:
             self._claim.release()
         return self._done
 
-    def _complete(self, error: BaseException | None) -> None:
+    def _complete(self, error: BaseException | None, defer_callbacks: bool = False) -> None:
         if error is None:
             try:
                 self._pending.finish()
@@ -218,8 +235,12 @@ class HpcWork(dist.Work):
                 error = exc
         self._error = error
         self._done = True
-        if self._future is not None:
-            self._settle_future(self._future)
+        future = self._future
+        if future is not None:
+            if defer_callbacks:
+                callbacks.runner().submit(lambda: self._settle_future(future))
+            else:
+                self._settle_future(future)
 
     def _settle_future(self, future: Future) -> None:
         if self._error is None:
@@ -245,22 +266,30 @@ class HpcWork(dist.Work):
             if timeout is not None and timeout.total_seconds() > 0:
                 waited = timeout.total_seconds()
                 limit = min(limit, time.monotonic() + waited)
-            with self._claim:
+            with self._claim:  # counted under the claim, so concurrent waiters never race on it
                 if not self._done:
+                    self.waiters += 1
                     try:
-                        finished = drive(self._pending, limit, self._label)
-                    except (failure.PeerExitedError, GroupClosedError) as exc:
-                        self._complete(exc)
-                        raise
-                    if finished:
-                        self._complete(None)
-                    elif limit >= self._deadline:
-                        self._complete(self._timeout_error(self._timeout_s))
-                    else:
-                        raise self._timeout_error(waited)
+                        self._drive_until(limit, waited)
+                    finally:
+                        self.waiters -= 1
         if self._error is not None:
             raise self._error
         return True
+
+    def _drive_until(self, limit: float, waited: float) -> None:
+        """Drive the work (claimed) until it ends or ``limit``; past the group deadline it fails."""
+        try:
+            finished = drive(self._pending, limit, self._label)
+        except (failure.PeerExitedError, GroupClosedError) as exc:
+            self._complete(exc)
+            raise
+        if finished:
+            self._complete(None)
+        elif limit >= self._deadline:
+            self._complete(self._timeout_error(self._timeout_s))
+        else:
+            raise self._timeout_error(waited)
 
     def is_completed(self) -> bool:
         return self.poll()

@@ -1,19 +1,27 @@
-"""The MPI world this process belongs to: start-up, identity and topology.
+"""The MPI world this process belongs to: start-up, identity and node layout.
 
 MPI starts lazily, on the first call that needs it, so that ``import hpccomm``
-(and torch's entry-point scan) stays cheap and side-effect free. From then on
+(and torch's entry-point scan) stays cheap and side-effect free. Starting it
+takes two steps: mpi4py loads the library without initialising it, hpccomm
+sets the library settings that apply to that library and version
+(:func:`hpccomm_run.library_defaults`; MPI reads them in ``MPI_Init``), then
+calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``. A program that
+imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
 MPI is the single source of truth for rank, world size, local rank and local
 world size; they are exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables.
+``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables. The node
+of every world rank (:class:`WorldNodes`) is learnt at the same time, so any
+group's layout follows without communicating (:mod:`hpccomm.topology`).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from mpi4py import MPI as _MPI
@@ -46,8 +54,24 @@ class Identity:
         return self.num_nodes == 1
 
 
+@dataclass(frozen=True)
+class WorldNodes:
+    """Which node each world rank runs on.
+
+    Attributes:
+        node_of: the node index of each world rank; nodes are numbered in the
+            order of their lowest world rank. A node is what MPI calls a
+            shared-memory domain (``MPI_COMM_TYPE_SHARED``).
+        hosts: the host name of each node.
+    """
+
+    node_of: tuple[int, ...]
+    hosts: tuple[str, ...]
+
+
 _lock = threading.Lock()
 _identity: Identity | None = None
+_nodes: WorldNodes | None = None
 
 
 _MPI_MODULE: "_MPI | None" = None
@@ -62,19 +86,38 @@ def mpi() -> "_MPI":
 
 def _import_mpi() -> "_MPI":
     global _MPI_MODULE
-    import sys
-
     _load_transports_first()
 
     import mpi4py
 
-    if "mpi4py.MPI" not in sys.modules:
-        # Async work is driven from a background thread while the caller's
-        # thread may post more; that needs MPI_THREAD_MULTIPLE.
-        mpi4py.rc.thread_level = "multiple"
+    if "mpi4py.MPI" in sys.modules:
+        from mpi4py import MPI  # loaded (and so started) by the program: its settings stand
+    else:
+        MPI = _start_mpi(mpi4py)
+    _MPI_MODULE = MPI
+    return MPI
+
+
+def _start_mpi(mpi4py: Any) -> "_MPI":
+    """Load the MPI library, set what applies to it, then initialise it."""
+    import hpccomm_run
+
+    # Async work is driven from a background thread while the caller's
+    # thread may post more; that needs MPI_THREAD_MULTIPLE.
+    mpi4py.rc.thread_level = "multiple"
+    automatic = mpi4py.rc.initialize
+    if automatic:
+        # Load without MPI_Init, so that the settings below are chosen for the
+        # library actually loaded; mpi4py still finalises at exit.
+        mpi4py.rc.initialize = False
+        if mpi4py.rc.finalize is None:
+            mpi4py.rc.finalize = True
     from mpi4py import MPI
 
-    _MPI_MODULE = MPI
+    if automatic:
+        mpi4py.rc.initialize = True
+        hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI))
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     return MPI
 
 
@@ -101,27 +144,44 @@ def identity() -> Identity:
         if _identity is None:
             _identity = _discover()
             _export_env(_identity)
+            _report_thread_level(_identity)
             from . import failure
 
             failure.install(_identity.rank, _identity.world_size)
     return _identity
 
 
+def nodes() -> WorldNodes:
+    """Start MPI if needed and return the node of every world rank."""
+    identity()
+    assert _nodes is not None
+    return _nodes
+
+
 def _discover() -> Identity:
+    global _nodes
     MPI = mpi()
     world = MPI.COMM_WORLD
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     try:
         local_rank, local_size = node.rank, node.size
-        leaders = world.allreduce(1 if local_rank == 0 else 0, op=MPI.SUM)
+        # key=world.rank: local rank 0 is the node's lowest world rank, which names the node.
+        lowest = node.bcast(world.rank, root=0)
     finally:
         node.Free()
+    per_rank = world.allgather((lowest, hostname()))
+    lowest_ranks = sorted({low for low, _host in per_rank})
+    index = {low: i for i, low in enumerate(lowest_ranks)}
+    _nodes = WorldNodes(
+        node_of=tuple(index[low] for low, _host in per_rank),
+        hosts=tuple(per_rank[low][1] for low in lowest_ranks),
+    )
     return Identity(
         rank=world.rank,
         world_size=world.size,
         local_rank=local_rank,
         local_world_size=local_size,
-        num_nodes=leaders,
+        num_nodes=len(lowest_ranks),
         thread_level=MPI.Query_thread(),
     )
 
@@ -131,6 +191,25 @@ def _export_env(ident: Identity) -> None:
     os.environ["WORLD_SIZE"] = str(ident.world_size)
     os.environ["LOCAL_RANK"] = str(ident.local_rank)
     os.environ["LOCAL_WORLD_SIZE"] = str(ident.local_world_size)
+
+
+def _report_thread_level(ident: Identity) -> None:
+    """One line from rank 0 when MPI offers less than MPI_THREAD_MULTIPLE."""
+    from .config import settings
+
+    MPI = mpi()
+    if ident.rank != 0 or ident.thread_level >= MPI.THREAD_MULTIPLE or not settings.progress_thread:
+        return
+    import hpccomm_run
+
+    level = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+             MPI.THREAD_SERIALIZED: "SERIALIZED"}.get(ident.thread_level, str(ident.thread_level))
+    print(
+        f"hpccomm: {hpccomm_run.describe_library(MPI).name} provides MPI_THREAD_{level}, not "
+        "MPI_THREAD_MULTIPLE: no progress thread, so asynchronous work (DDP's gradient "
+        "all-reduces) progresses only when waited on, without overlapping compute",
+        file=sys.stderr,
+    )
 
 
 def has_thread_multiple() -> bool:

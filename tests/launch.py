@@ -1,7 +1,12 @@
 """Launch rank scripts under a real MPI launcher, with a hard time limit.
 
 Every multi-rank test goes through :func:`run_ranks`, which starts
-``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session. A run
+``hpccomm-run -n N python tests/ranks/<script>.py`` in a new session, or
+``<launcher> -n N python ...`` when ``HPCCOMM_TEST_LAUNCHER`` names another
+launcher (CI runs the collective and failure tests once more under the MPI
+library's own ``mpirun``/``mpiexec``, e.g.
+``HPCCOMM_TEST_LAUNCHER="mpirun --oversubscribe --bind-to none"``), or
+:func:`run_launcher`, for any launcher command (tests/nodes.py). A run
 that outlives its limit is killed, launcher and ranks (which the launcher may
 start in sessions of their own), by PID: only processes this helper started.
 The test then fails, so a hang can never run into CI's time limit.
@@ -10,14 +15,26 @@ The test then fails, so a hang can never run into CI's time limit.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 RANKS_DIR = Path(__file__).parent / "ranks"
 DEFAULT_LIMIT_S = 120
+FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
+#: hpccomm-run of the environment under test.
+HPCCOMM_RUN = [os.path.join(os.path.dirname(sys.executable), "hpccomm-run")]
+
+
+def default_launcher() -> list[str]:
+    """``HPCCOMM_TEST_LAUNCHER`` split into words, else :data:`HPCCOMM_RUN`."""
+    named = os.environ.get("HPCCOMM_TEST_LAUNCHER", "").strip()
+    return shlex.split(named) if named else list(HPCCOMM_RUN)
 
 
 @dataclass
@@ -39,6 +56,8 @@ def run_ranks(
     *args: str,
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
+    launcher: Sequence[str] | None = None,
+    python: str = sys.executable,
 ) -> RankRun:
     """Run ``tests/ranks/<script>`` on ``nprocs`` ranks and return its result.
 
@@ -48,9 +67,33 @@ def run_ranks(
         args: arguments for the script.
         env: extra environment variables for the ranks.
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
+        launcher: the launcher's command words (default: :func:`default_launcher`).
+        python: the interpreter as the command names it (a bare ``python3``
+            tests how the launcher resolves it).
     """
-    launcher = os.path.join(os.path.dirname(sys.executable), "hpccomm-run")
-    command = [launcher, "-n", str(nprocs), sys.executable, str(RANKS_DIR / script), *args]
+    words = list(launcher) if launcher is not None else default_launcher()
+    return run_launcher([*words, "-n", str(nprocs)], script, *args, env=env, limit_s=limit_s, python=python)
+
+
+def run_launcher(
+    launcher: Sequence[str],
+    script: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    limit_s: float = DEFAULT_LIMIT_S,
+    python: str = sys.executable,
+) -> RankRun:
+    """Run ``launcher ... python tests/ranks/<script> args`` in a new session, killed past ``limit_s``.
+
+    Args:
+        launcher: the launcher and its options, up to the program.
+        script: file name under tests/ranks.
+        args: arguments for the script.
+        env: extra environment variables for the launcher and ranks.
+        limit_s: wall-clock limit; past it the run is killed and timed_out set.
+        python: the interpreter as the command names it.
+    """
+    command = [*launcher, python, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True
@@ -96,3 +139,25 @@ def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
     assert run.returncode == 0, f"ranks failed (exit {run.returncode}):\n{run.output[-6000:]}"
     seen = {line.split("rank=")[1].split()[0] for line in run.lines(tag) if "rank=" in line}
     assert seen == {str(r) for r in range(nprocs)}, f"missing '{tag}' from some ranks:\n{run.output[-6000:]}"
+
+
+def ready_time(run: RankRun) -> float:
+    """The latest ``READY ... t=<time>`` stamp the ranks printed."""
+    stamps = [float(line.split("t=")[1]) for line in run.lines("READY")]
+    assert stamps, f"ranks never got ready:\n{run.output[-4000:]}"
+    return max(stamps)
+
+
+def check_failed_fast(run: RankRun, mode: str, evidence: list[str]) -> None:
+    """Fail unless the run failed (non-zero) within FAIL_FAST_S of its ranks' READY lines, saying ``evidence``."""
+    ended = time.time()
+    assert not run.timed_out, f"job hung after rank 1 failed ({mode}):\n{run.output[-4000:]}"
+    assert run.returncode != 0, f"launcher exited 0 although rank 1 failed:\n{run.output[-4000:]}"
+    took = ended - ready_time(run)
+    assert took < FAIL_FAST_S, f"job took {took:.1f}s to end after the failure"
+    assert "UNEXPECTED" not in run.output
+    for fragment in evidence:
+        assert fragment in run.output, f"output does not say {fragment!r}:\n{run.output[-4000:]}"
+    if mode.startswith("sigkill"):
+        lowered = run.output.lower()
+        assert "signal 9" in lowered or "killed" in lowered or "exit code: 9" in lowered, run.output[-4000:]

@@ -1,25 +1,58 @@
-"""hpccomm-run: the matching launcher, sane defaults, srun inside Slurm, clear errors."""
+"""hpccomm-run: the matching launcher, settings valid for the loaded MPI, srun inside Slurm, clear errors.
+
+Runs against whichever MPI mpi4py loads here: an MPI wheel or a system MPI
+(CI: both wheels, Debian's Open MPI 4.1 and MPICH).
+"""
 
 import os
 import shutil
 import subprocess
 import sys
 
+import mpi_library
 import pytest
-from launch import run_ranks
+from launch import HPCCOMM_RUN, run_ranks
 
-LAUNCHER = os.path.join(os.path.dirname(sys.executable), "hpccomm-run")
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
 
 
 def dry_run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [LAUNCHER, "--dry-run", *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        [*HPCCOMM_RUN, "--dry-run", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
     )
+
+
+def command_of(proc: subprocess.CompletedProcess) -> list[str]:
+    """The launcher command: the last line of --dry-run's output."""
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1].split()
+
+
+def exported(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """NAME -> value of the dry run's `export NAME=value  # reason` lines; each must give a reason."""
+    settings = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("export "):
+            assignment, _, reason = line[len("export "):].partition("  # ")
+            assert reason.strip(), f"no reason given: {line}"
+            name, _, value = assignment.partition("=")
+            settings[name] = value
+    return settings
+
+
+def launched(run, nprocs: int) -> list[dict[str, str]]:
+    """Each rank's LAUNCHED fields; fails unless every rank reported and the run succeeded."""
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    ranks = [dict(field.split("=", 1) for field in line.split()[1:]) for line in run.lines("LAUNCHED")]
+    assert sorted(int(r["rank"]) for r in ranks) == list(range(nprocs)), run.output[-4000:]
+    assert all(r["size"] == str(nprocs) for r in ranks), run.output[-4000:]
+    return ranks
 
 
 def test_more_ranks_than_cores_and_no_pinning():
     nprocs = max(3, (os.cpu_count() or 1) + 1)
-    run = run_ranks(nprocs, "affinity.py")
+    run = run_ranks(nprocs, "affinity.py", launcher=HPCCOMM_RUN)
     assert run.returncode == 0, run.output[-4000:]
     lines = run.lines("AFFINITY")
     assert len(lines) == nprocs, run.output[-4000:]
@@ -29,25 +62,78 @@ def test_more_ranks_than_cores_and_no_pinning():
 
 
 def test_uses_the_mpiexec_of_the_loaded_mpi():
-    proc = dry_run("-n", "2", "python", "x.py")
-    assert proc.returncode == 0, proc.stderr
-    command = proc.stdout.split()
-    venv_bin = os.path.dirname(sys.executable)
-    assert command[0] in (os.path.join(venv_bin, "mpiexec"), os.path.join(venv_bin, "mpirun")), command
-    assert command[-2:] == ["python", "x.py"]
-    from hpccomm_run import mpi_flavour
-
-    if mpi_flavour() == "openmpi":
+    command = command_of(dry_run("-n", "2", sys.executable, "x.py"))
+    assert mpi_library.launcher_runs_library(command[0]), f"{command[0]} is not {mpi_library.library_version()}"
+    assert command[-2:] == [sys.executable, "x.py"]
+    if mpi_library.family() == "openmpi":
         assert "--oversubscribe" in command and command[command.index("--bind-to") + 1] == "none"
+        assert "--noprefix" in command
+
+
+def test_ranks_start_with_transports_their_library_has():
+    """Regression: hpccomm-run exported Open MPI 5's BTL name 'sm' to Open MPI 4, which calls it
+    'vader'; every rank died in MPI_Init ("the "sm" BTL is no longer available")."""
+    ranks = launched(run_ranks(2, "launched.py", launcher=HPCCOMM_RUN), 2)
+    if mpi_library.family() == "openmpi":
+        components = ranks[0]["btl"].split(",")
+        listing = mpi_library.ompi_info_lists()
+        for component in components:
+            assert f"MCA btl: {component} " in listing, f"{mpi_library.ompi_info()} has no BTL {component!r}"
+
+
+@pytest.mark.parametrize("name", ["python", "python3"])
+def test_a_bare_python_in_the_command_runs_this_environment(name):
+    """Regression: Open MPI's mpiexec run by absolute path (/usr/bin/mpiexec) put its bin directory
+    first on the ranks' PATH, so `python3` was the system interpreter (ModuleNotFoundError: hpccomm)."""
+    for rank in launched(run_ranks(2, "launched.py", launcher=HPCCOMM_RUN, python=name), 2):
+        assert rank["prefix"] == sys.prefix, rank
+        # PATH keeps the caller's order (console scripts of this environment stay first).
+        assert rank["path0"] == os.environ.get("PATH", "").split(os.pathsep)[0], rank
+
+
+def test_dry_run_shows_each_setting_with_its_reason():
+    proc = dry_run("-n", "2", sys.executable, "x.py", env={"OMPI_MCA_pml": "ob1-from-user"})
+    settings = exported(proc)
+    if mpi_library.family() == "mpich":
+        assert "OMPI_" not in proc.stdout, proc.stdout
+        return
+    # Every Open MPI setting exists in this library (a wrong name kills MPI_Init, or is ignored).
+    for component in settings["OMPI_MCA_btl"].split(","):
+        assert f"MCA btl: {component} " in mpi_library.ompi_info_lists(), settings
+    algorithm = settings.get("OMPI_MCA_coll_libnbc_iallreduce_algorithm")
+    if algorithm is not None:
+        params = mpi_library.ompi_info_lists("--param", "coll", "libnbc", "--level", "9")
+        assert "coll_libnbc_iallreduce_algorithm" in params and f"{algorithm} rabenseifner" in params
+    # A value already in the environment wins, and the dry run says so.
+    assert "OMPI_MCA_pml" not in settings
+    assert "# OMPI_MCA_pml='ob1-from-user' kept from the environment" in proc.stdout, proc.stdout
+
+
+def test_another_mpis_mpiexec_first_on_path_is_named_and_passed_over(tmp_path):
+    other = mpi_library.other_mpi_launcher()
+    if other is None:
+        message = "no launcher of a second MPI on this machine (CI installs Debian's Open MPI and MPICH)"
+        if IN_CI:
+            pytest.fail(message + " -- CI=true, so this is a failure, not a skip", pytrace=False)
+        pytest.skip(message)
+    (tmp_path / "mpiexec").symlink_to(other)
+    env = {"PATH": f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}"}
+    proc = dry_run("-n", "2", sys.executable, "x.py", env=env)
+    assert mpi_library.launcher_runs_library(command_of(proc)[0]), proc.stdout
+    said = [line for line in proc.stderr.splitlines() if line.startswith("hpccomm-run:")]
+    assert len(said) == 1, proc.stderr
+    assert str(tmp_path / "mpiexec") in said[0] and mpi_library.release() in said[0], said[0]
+    # And the ranks it starts form one world.
+    launched(run_ranks(2, "launched.py", env=env, launcher=HPCCOMM_RUN), 2)
 
 
 @pytest.mark.skipif(shutil.which("srun") is None, reason="Slurm's srun is not installed")
 def test_inside_a_slurm_allocation_it_uses_srun():
-    proc = dry_run("-n", "4", "python", "x.py", env={"SLURM_JOB_ID": "42"})
-    assert proc.returncode == 0, proc.stderr
-    command = proc.stdout.split()
+    command = command_of(dry_run("-n", "4", "python", "x.py", env={"SLURM_JOB_ID": "42"}))
     assert command[0] == "srun" and "--ntasks=4" in command
-    assert any(arg.startswith("--mpi=pmi") for arg in command)
+    assert f"--mpi={'pmix' if mpi_library.family() == 'openmpi' else 'pmi2'}" in command
+    # `python` became this environment's interpreter (hpccomm-run's own, maybe named python3).
+    assert os.path.dirname(command[-2]) == os.path.dirname(sys.executable) and command[-1] == "x.py"
 
 
 @pytest.mark.parametrize("args, message", [(["-n", "0", "python"], "at least 1"), (["-n", "2"], "no command")])

@@ -1,28 +1,28 @@
-"""The node-local shared-memory all-reduce, forced onto every size, at 2-4 ranks."""
+"""The node-local shared-memory collectives, forced onto every size, at 2-4 ranks."""
 
 import pytest
 from launch import assert_all_ranks_ok, run_ranks
 
-# Every all-reduce takes the shared-memory path, in 1 KiB chunks.
+# Every collective takes the shared-memory path, in 64-byte chunks (1 KiB slots).
 SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 
 
 @pytest.mark.parametrize("nprocs", [2, 3, 4])
-def test_shared_memory_all_reduce(nprocs):
+def test_shared_memory_collectives(nprocs):
     run = run_ranks(nprocs, "shm.py", env=SHM_EVERYWHERE, limit_s=300)
     assert_all_ranks_ok(run, nprocs)
 
 
-def test_shared_memory_all_reduce_with_torch_half_kernels():
-    run = run_ranks(2, "shm.py", env={**SHM_EVERYWHERE, "HPCCOMM_HALF_KERNELS": "torch"}, limit_s=300)
+def test_shared_memory_collectives_with_torch_half_kernels():
+    run = run_ranks(2, "shm.py", "every_dtype", env={**SHM_EVERYWHERE, "HPCCOMM_HALF_KERNELS": "torch"}, limit_s=300)
     assert_all_ranks_ok(run, 2)
 
 
-def test_shared_memory_all_reduce_without_progress_thread():
-    run = run_ranks(3, "shm.py", env={**SHM_EVERYWHERE, "HPCCOMM_PROGRESS_THREAD": "0"}, limit_s=300)
+def test_shared_memory_collectives_without_progress_thread():
+    run = run_ranks(3, "shm.py", "async", env={**SHM_EVERYWHERE, "HPCCOMM_PROGRESS_THREAD": "0"}, limit_s=300)
     assert_all_ranks_ok(run, 3)
 
 
-def test_every_collective_with_all_reduce_on_shared_memory():
+def test_every_collective_with_shared_memory_everywhere():
     run = run_ranks(3, "collectives.py", env=SHM_EVERYWHERE, limit_s=300)
     assert_all_ranks_ok(run, 3)

@@ -13,7 +13,9 @@ MPI has no usable 16-bit float types, so hpccomm sends these tensors as raw
 Both widen to float32 and round back to nearest-even, so they give the same
 bits. Measured on one AVX-512 core, 128 Ki elements, SUM: compiled 7.5 us
 (bfloat16, AVX512-BF16), 12 us (bfloat16 on plain AVX-512, and float16);
-torch 17-30 us, plus the Python call.
+torch 17-30 us, plus the Python call. On an AVX2-only CPU, bfloat16
+all_reduce of 1-16 MiB on 2 ranks took 0.41-0.44x the time with the AVX2
+kernel that it took with torch's.
 """
 
 from __future__ import annotations
@@ -60,9 +62,6 @@ def compiled_available() -> bool:
 def available_paths(dtype: torch.dtype) -> tuple[str, ...]:
     """Every path that can reduce ``dtype`` here, slowest ('torch') first."""
     best = _compiled.lib.hpccomm_half_path(_DTYPE_CODES[dtype]) if _compiled is not None else 0
-    if dtype == torch.bfloat16:
-        # No AVX2 kernel: torch's is as fast there.
-        return ("torch", *PATHS[2 : best + 1])
     # float16 has no AVX512-BF16 kernel: it never reports that path.
     return PATHS[: best + 1]
 
@@ -154,10 +153,11 @@ def _mpi_op_create() -> Any:
     """MPI_Op_create of the MPI library mpi4py loaded, or None where it cannot be found."""
     if _compiled is None:
         return None
-    # mpi4py opens libmpi privately (not RTLD_GLOBAL): find its mapped file.
+    # mpi4py opens libmpi privately (not RTLD_GLOBAL): find its mapped file
+    # (libmpich.so for a distribution's MPICH, e.g. Debian's).
     try:
         with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "/libmpi.so" in line})
+            paths = sorted({line.split()[-1] for line in maps if "/libmpi.so" in line or "/libmpich.so" in line})
     except OSError:
         return None
     for lib_path in paths:

@@ -22,7 +22,6 @@ import torch
 from ..world import mpi
 from . import Transport
 from .mpi_types import Reduction, datatype
-from .shm import SharedMemoryChannel, ShmAllreduce
 from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
@@ -116,13 +115,10 @@ class MPITransport(Transport):
 
     Args:
         comm: the group's communicator (owned: freed by :meth:`close`).
-        shm: the group's shared-memory window, where all its ranks share a
-            node: large all-reduces go through it (owned too).
     """
 
-    def __init__(self, comm: Any, shm: SharedMemoryChannel | None = None) -> None:
+    def __init__(self, comm: Any) -> None:
         self._comm = comm
-        self._shm = shm
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
         # Held here for all_reduce's hot path: each lookup through mpi() is a call.
@@ -130,9 +126,6 @@ class MPITransport(Transport):
         self._fromaddress = mpi().buffer.fromaddress
 
     def close(self, in_flight: bool = False) -> None:
-        if self._shm is not None:
-            self._shm.close()
-            self._shm = None
         if self._comm is not None:
             # Open MPI's nonblocking collectives keep using a freed
             # communicator's internals (a segfault at the next progress call):
@@ -143,15 +136,10 @@ class MPITransport(Transport):
 
     # -- element-wise collectives ------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending | ShmAllreduce:
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending:
         if len(tensors) == 1 and reduction.plain:
             tensor = tensors[0]
             if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
-                shm = self._shm
-                if shm is not None and tensor.nbytes >= shm.min_bytes:
-                    posted = shm.allreduce(tensor, reduction.kind)
-                    if posted is not None:
-                        return posted
                 buf = self._fromaddress(tensor.data_ptr(), tensor.nbytes)
                 return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
         MPI = mpi()

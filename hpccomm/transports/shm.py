@@ -1,26 +1,31 @@
-"""Node-local all-reduce through shared memory.
+"""Node-local collectives through shared memory: the segment and the engine that runs them.
 
-Between ranks of one node, MPI libraries move a medium or large all-reduce
+Between ranks of one node, MPI libraries move medium and large messages
 through their point-to-point protocols (rendezvous handshakes, single-copy
-CMA, a temporary buffer), which costs far more than the memory traffic
-itself. When every rank of a group shares a node, hpccomm reduces tensors
-through a shared segment instead: a file in /dev/shm that every rank maps,
-created and named through MPI, holding per-rank progress counters and a slot
-per rank.
+CMA, temporary buffers), which costs far more than the memory traffic itself.
+The ranks of a group on one node share a segment instead: a file in /dev/shm
+that every rank maps, created and named through MPI, holding per-rank progress
+counters and a slot per rank.
 
-The all-reduce itself runs in C (``cffi_build/shm_allreduce.c``, module
-``hpccomm._shm_allreduce``): the tensor goes through in chunks, pipelined over
-a few buffers per slot, and per chunk each rank copies its elements in, reduces
-its 1/n of them across all slots (every element has one owner, so all ranks
-get the same bits), and copies the others' reduced parts out. Ranks wait for
-each other on the counters (release/acquire atomics), not on MPI messages.
+One engine in C (``cffi_build/shm_collectives.c``, module
+``hpccomm._shm_collectives``) runs all-reduce, reduce, broadcast, all-gather
+and reduce-scatter through it: the data goes through in chunks, pipelined over
+a few buffers per slot, each chunk in three phases per rank (copy in, reduce,
+copy out) whose what depends on the collective. Ranks wait for each other on
+the counters (release/acquire atomics), not on MPI messages. Reductions are
+done by one owner per element, so every rank gets the same bits.
 
-Polling happens in :meth:`ShmAllreduce.test`, which calls the engine for a
+A :class:`SharedMemoryChannel` posts collectives on the segment; each is a
+:class:`ShmOp`, a Pending whose :meth:`~ShmOp.test` calls the engine for a
 bounded number of polls, so the usual machinery applies: a blocking call drives
-it inline, asynchronous work is driven by the progress engine, and timeouts
-and departed peers are noticed as for any other work. All-reduces on a group's
-segment complete in the order they were posted; each one first drives its
-predecessor, so no order of waits can deadlock.
+it inline, asynchronous work is driven by the progress engine, and timeouts,
+departed peers and aborts are noticed as for any other work. Collectives on a
+channel complete in the order they were posted; each first drives its
+predecessor, so no order of waits can deadlock. A collective may also wait for
+a gate (an inter-node stage of a hierarchical collective, say) before it starts.
+
+The channel works on addresses and element counts; the tensor-level
+collectives (staging, AVG, aliasing) are :mod:`hpccomm.transports.node`'s.
 
 Not a window from ``MPI_Win_allocate_shared``: freeing one is collective and
 synchronising, so a group aborted on some ranks only would hang; unmapping a
@@ -33,6 +38,7 @@ import mmap
 import os
 import secrets
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -43,11 +49,13 @@ from ..world import mpi
 from . import half_reduce
 
 try:
-    from .. import _shm_allreduce as _engine
-except ImportError:  # built without a C compiler: all-reduce stays on MPI
+    from .. import _shm_collectives as _engine
+except ImportError:  # built without a C compiler: every collective stays on MPI
     _engine = None
 
 RedOpType = dist.ReduceOp.RedOpType
+#: The engine's collectives (cffi_build/shm_collectives.h).
+ALLREDUCE, REDUCE, BROADCAST, ALLGATHER, REDUCE_SCATTER = range(5)
 _UNPLANNED = object()
 _SHM_DIR = "/dev/shm"
 _LINE = 64  # bytes: one progress counter per cache line, so ranks never share one
@@ -60,17 +68,29 @@ _BUFFERS = 4
 #: all-reduce ran 4-9x slower than with these offsets.
 _BUFFER_PAD = 17 * _LINE
 _SLOT_PAD = 33 * _LINE
-#: Chunk size for all-reduces of up to _CHUNKS_PER_ALLREDUCE chunks (capped at
-#: a quarter buffer); larger ones use larger chunks, up to a buffer (a quarter
-#: slot): every chunk costs hand-offs, and where ranks outnumber cores each
-#: hand-off may wait for a context switch. 256 KiB was fastest at 1-4 MiB.
+#: Bytes a chunk puts through a slot for collectives of up to _CHUNKS_PER_OP
+#: chunks (capped at a quarter buffer); larger ones use larger chunks, up to a
+#: buffer (a quarter slot): every chunk costs hand-offs, and where ranks
+#: outnumber cores each hand-off may wait for a context switch. 256 KiB was
+#: fastest for all-reduce at 1-4 MiB.
 _CHUNK_BYTES = 256 << 10
-_CHUNKS_PER_ALLREDUCE = 16
-#: Polls per :meth:`ShmAllreduce.test` before it returns to Python's checks.
+_CHUNKS_PER_OP = 16
+#: Polls per :meth:`ShmOp.test` before it returns to Python's checks.
 _POLLS_PER_TEST = 256
-_OP_CODES = {RedOpType.SUM: 0, RedOpType.PRODUCT: 1, RedOpType.MIN: 2, RedOpType.MAX: 3}
-# The engine's own element types (cffi_build/shm_allreduce.h); 16-bit floats
-# use hpccomm._half_reduce's kernels, bool stays on MPI.
+_OP_CODES = {
+    RedOpType.SUM: 0,
+    RedOpType.PRODUCT: 1,
+    RedOpType.MIN: 2,
+    RedOpType.MAX: 3,
+    RedOpType.BAND: 4,
+    RedOpType.BOR: 5,
+    RedOpType.BXOR: 6,
+}
+#: bool travels as 0/1 bytes, where "or" is MAX and "and" is MIN.
+_BOOL_KINDS = {RedOpType.SUM: RedOpType.MAX, RedOpType.PRODUCT: RedOpType.MIN}
+_BITWISE = (RedOpType.BAND, RedOpType.BOR, RedOpType.BXOR)
+# The engine's own element types (cffi_build/shm_collectives.h); 16-bit floats
+# are reduced by hpccomm._half_reduce's kernels.
 _DTYPE_CODES = {
     torch.float32: 0,
     torch.float64: 1,
@@ -81,131 +101,258 @@ _DTYPE_CODES = {
     torch.int64: 6,
     torch.complex64: 7,
     torch.complex128: 8,
+    torch.bool: 3,
 }
+
+#: A block of a collective: (address, elements).
+Block = tuple[int, int]
 
 
 class SharedMemoryChannel:
-    """One group's shared-memory segment and the order of the all-reduces through it.
+    """The shared segment of a group's ranks on one node, and the order of the collectives through it.
 
-    Create it with :meth:`for_group`, on every rank of the group at once.
+    Create it with :meth:`create`, on every rank of the node's communicator at once.
 
     Args:
-        comm: the group's communicator; all its ranks share this node.
+        comm: the communicator of the ranks on this node (all of them share it).
         segment: the mapped segment: ``_COUNTERS_PER_RANK`` lines of counters
             per rank, then one slot per rank (see :func:`_slot_layout`).
-        slot_bytes: the tensor bytes each rank's slot holds (a multiple of
+        slot_bytes: the data bytes each rank's slot holds (a multiple of
             64 * ``_BUFFERS``).
-        min_bytes: smaller tensors stay on MPI's all-reduce.
     """
 
-    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int, min_bytes: int) -> None:
-        self._size = comm.Get_size()
-        self._rank = comm.Get_rank()
+    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int) -> None:
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
         self._segment = segment
         self._slot_bytes = slot_bytes
         self._buffer_stride, self._slot_stride = _slot_layout(slot_bytes)
-        self.min_bytes = max(min_bytes, 1)
         # The file was created empty, so every counter starts at zero.
         self._window: torch.Tensor | None = torch.frombuffer(segment, dtype=torch.uint8)
         address = self._window.data_ptr()
         self._counters = _engine.ffi.cast("int64_t *", address)
-        self._slots = _engine.ffi.cast("char *", address + _LINE * _COUNTERS_PER_RANK * self._size)
+        self._slots = _engine.ffi.cast("char *", address + _LINE * _COUNTERS_PER_RANK * self.size)
         self._plans: dict[tuple[torch.dtype, Any], Any] = {}
         # Resolved once: all_reduce's hot path makes one engine state per call.
-        self._new_state = _engine.ffi.new
-        self._state_type = _engine.ffi.typeof("hpccomm_shm_allreduce *")
+        self._new = _engine.ffi.new
+        self._state_type = _engine.ffi.typeof("hpccomm_shm_op *")
         self._next_chunk = 0
-        self._tail: ShmAllreduce | None = None
+        self._tail: ShmOp | None = None
         # Held while the engine touches the segment, and by close(): the
         # progress thread and a waiter may both poll, and an abort must not
-        # unmap the segment under a poll.
-        self.lock = threading.Lock()
+        # unmap the segment under a poll. Re-entrant: a hierarchical
+        # collective holds it while it drives its stages.
+        self.lock = threading.RLock()
         self.closed = False
 
     @classmethod
-    def for_group(cls, comm: Any) -> SharedMemoryChannel | None:
-        """A channel for ``comm`` when all its ranks share a node, else None. Collective.
+    def create(cls, comm: Any) -> SharedMemoryChannel | None:
+        """A channel for ``comm``, whose ranks all share this node, or None. Collective.
 
-        None too where shared memory is turned off (``HPCCOMM_SHM_SLOT_BYTES=0``),
-        the engine was not built, or some rank cannot map the segment; every
-        rank reaches the same answer.
+        None where shared memory is turned off (``HPCCOMM_SHM_SLOT_BYTES=0``),
+        the engine was not built, ``comm`` has one rank, or some rank cannot
+        map the segment; every rank reaches the same answer.
         """
         granule = _LINE * _BUFFERS
         slot_bytes = settings.shm_slot_bytes // granule * granule
         if slot_bytes == 0 or _engine is None or comm.Get_size() < 2:
             return None
-        MPI = mpi()
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        try:
-            one_node = node.Get_size() == comm.Get_size()
-        finally:
-            node.Free()
-        # A rank alone on its node sees a node of one: agree before mapping anything.
-        if not comm.allreduce(one_node, op=MPI.LAND):
-            return None
         size = comm.Get_size()
         segment = _map_segment(comm, (_LINE * _COUNTERS_PER_RANK + _slot_layout(slot_bytes)[1]) * size)
         if segment is None:
             return None
-        return cls(comm, segment, slot_bytes, settings.shm_min_bytes)
+        return cls(comm, segment, slot_bytes)
 
-    def allreduce(self, tensor: torch.Tensor, kind: Any) -> ShmAllreduce | None:
+    # -- what the engine can do ---------------------------------------------
+
+    def reduces(self, dtype: torch.dtype, kind: Any) -> bool:
+        """Whether the engine reduces ``dtype`` with ``kind`` (SUM, ..., BXOR) here."""
+        return self._plan(dtype, kind) is not None
+
+    def fits(self, dtype: torch.dtype, units: int) -> bool:
+        """Whether a chunk of one element in each of ``units`` places fits a buffer."""
+        return units * dtype.itemsize <= self.buffer_bytes
+
+    # -- posting ------------------------------------------------------------
+
+    def allreduce(self, tensor: torch.Tensor, kind: Any) -> ShmOp | None:
         """Post an in-place all-reduce of the contiguous CPU ``tensor``; it runs as it is polled.
 
         Returns:
-            the pending all-reduce, or None where this path does not take the
-            dtype/op pair (then nothing was posted: use MPI).
+            the pending all-reduce, or None where the engine does not reduce
+            the dtype/op pair (then nothing was posted).
         """
         plan = self._plans.get((tensor.dtype, kind), _UNPLANNED)
         if plan is _UNPLANNED:
             plan = self._plan(tensor.dtype, kind)
         if plan is None:
             return None
-        ar = self._new_state(self._state_type, plan[0])
-        ar.data = tensor.data_ptr()
-        ar.count = count = tensor.numel()
-        ar.base = self._next_chunk
-        if count > _CHUNKS_PER_ALLREDUCE * ar.chunk_elems:
+        return self._post(plan, ALLREDUCE, "all_reduce", tensor.numel(), 1, data=tensor.data_ptr(),
+                          count=tensor.numel(), keep=(tensor,))
+
+    def reduce(self, tensor: torch.Tensor, root: int, kind: Any) -> ShmOp | None:
+        """Post a reduce of the contiguous ``tensor`` into the root's (the others' stay as they are), or None."""
+        plan = self._plan(tensor.dtype, kind)
+        if plan is None:
+            return None
+        return self._post(plan, REDUCE, "reduce", tensor.numel(), 1, data=tensor.data_ptr(), count=tensor.numel(),
+                          root=root, keep=(tensor,))
+
+    def broadcast(self, tensor: torch.Tensor, root: int, gate: Callable[[], bool] | None = None) -> ShmOp:
+        """Post a broadcast of the root's contiguous ``tensor`` into the others'.
+
+        Args:
+            gate: polled before the broadcast starts; it starts once that returns True.
+        """
+        plan = self._plan(tensor.dtype, None)
+        return self._post(plan, BROADCAST, "broadcast", tensor.numel(), 1, data=tensor.data_ptr(),
+                          count=tensor.numel(), root=root, gate=gate, keep=(tensor,))
+
+    def allgather(
+        self,
+        dtype: torch.dtype,
+        blocks: Sequence[Block],
+        source: int = 0,
+        blocks_per_rank: int = 1,
+        gate: Callable[[], bool] | None = None,
+        keep: tuple[Any, ...] = (),
+    ) -> ShmOp:
+        """Post an all-gather: every rank's blocks end up in every rank's output.
+
+        Args:
+            dtype: the element type.
+            blocks: ``blocks_per_rank`` output blocks per rank, rank-major:
+                where each rank's data lands, in every rank's output (each
+                rank passes its own output's addresses).
+            source: the address of this rank's data (its blocks back to back),
+                or 0 when it is in its output blocks already (in place).
+            blocks_per_rank: blocks each rank contributes.
+            gate: polled before the all-gather starts; it starts once that returns True.
+            keep: objects to hold until it completes (the tensors behind the addresses).
+        """
+        plan = self._plan(dtype, None)
+        longest = max(count for _, count in blocks)
+        return self._post(plan, ALLGATHER, "all_gather", longest, blocks_per_rank, data=source, blocks=blocks,
+                          blocks_per_rank=blocks_per_rank, gate=gate, keep=keep)
+
+    def reduce_scatter(
+        self,
+        dtype: torch.dtype,
+        kind: Any,
+        blocks: Sequence[Block],
+        output: int,
+        blocks_per_rank: int = 1,
+        keep: tuple[Any, ...] = (),
+    ) -> ShmOp | None:
+        """Post a reduce-scatter: each rank reduces its blocks of every rank's input into its output.
+
+        Args:
+            dtype: the element type.
+            kind: the reduction (see :meth:`reduces`).
+            blocks: ``blocks_per_rank`` input blocks per rank, rank-major: the
+                blocks each rank reduces, in this rank's input.
+            output: the address where this rank's reduced blocks go, back to
+                back. With one block per rank it may be one of the input
+                blocks, of the same size (each chunk of a block is read before
+                it is written); it must not overlap the input otherwise.
+            blocks_per_rank: blocks each rank reduces.
+            keep: objects to hold until it completes.
+
+        Returns:
+            the pending reduce-scatter, or None where the engine does not
+            reduce the dtype/op pair.
+        """
+        plan = self._plan(dtype, kind)
+        if plan is None:
+            return None
+        longest = max(count for _, count in blocks)
+        return self._post(plan, REDUCE_SCATTER, "reduce_scatter", longest, self.size * blocks_per_rank,
+                          data=output, blocks=blocks, blocks_per_rank=blocks_per_rank, keep=keep)
+
+    def _post(
+        self,
+        plan: Any,
+        kind: int,
+        name: str,
+        length: int,
+        units: int,
+        data: int = 0,
+        count: int = 0,
+        root: int = 0,
+        blocks: Sequence[Block] | None = None,
+        blocks_per_rank: int = 1,
+        gate: Callable[[], bool] | None = None,
+        keep: tuple[Any, ...] = (),
+    ) -> ShmOp:
+        """Fill in an engine state from ``plan`` and queue it behind the channel's last collective.
+
+        ``length`` elements of every one of ``units`` places go through each
+        slot in chunks; every rank computes the same chunks, so the segment's
+        chunk numbers stay in step.
+        """
+        op = self._new(self._state_type, plan[0])
+        op.kind = kind
+        op.root = root
+        op.data = data
+        op.count = count
+        unit_bytes = units * plan.elem_size
+        chunk = max(1, self.chunk_bytes // unit_bytes)
+        if length > _CHUNKS_PER_OP * chunk:
             # Fewer, larger chunks for large tensors (up to a buffer): each chunk costs hand-offs.
-            ar.chunk_elems = min(self.buffer_bytes // tensor.element_size(), -(-count // _CHUNKS_PER_ALLREDUCE))
-        ar.chunks = chunks = -(-count // ar.chunk_elems)
+            chunk = min(self.buffer_bytes // unit_bytes, -(-length // _CHUNKS_PER_OP))
+        op.chunk_elems = chunk
+        op.chunks = chunks = -(-length // chunk)
+        op.base = self._next_chunk
         self._next_chunk += chunks
-        work = ShmAllreduce(self, ar, tensor, self._tail)
+        if blocks is not None:
+            ffi = _engine.ffi
+            addresses = ffi.new("uintptr_t[]", [address for address, _ in blocks])
+            counts = ffi.new("size_t[]", [n for _, n in blocks])
+            op.block_addr, op.block_count, op.blocks = addresses, counts, blocks_per_rank
+            keep = (*keep, addresses, counts)
+        work = ShmOp(self, op, name, keep, self._tail, gate)
         self._tail = work
         return work
 
     def _plan(self, dtype: torch.dtype, kind: Any) -> Any:
-        """The engine's settings for all-reduces of ``dtype`` with ``kind``, or None if it cannot do them.
+        """The engine's settings for collectives of ``dtype`` reduced with ``kind`` (None: no reduction).
 
-        Everything but the tensor and the chunk numbers; made once per pair.
+        Everything but the collective and its data; made once per pair. None
+        where the engine cannot reduce the pair.
         """
+        key = (dtype, kind)
+        if key in self._plans:
+            return self._plans[key]
         ffi, lib = _engine.ffi, _engine.lib
-        if kind not in _OP_CODES:
-            reducer = None
+        if kind is None:
+            reducer = (ffi.NULL, 0, 0, 0)
+        elif dtype == torch.bool:
+            kind = _BOOL_KINDS.get(kind, kind)
+            reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
         elif dtype in half_reduce.HALF_DTYPES:
-            half = half_reduce.compiled_reducer(kind, dtype)  # None where torch reduces them
+            half = half_reduce.compiled_reducer(kind, dtype) if kind not in _BITWISE else None
+            # None where torch reduces them: those stay on MPI.
             reducer = None if half is None else (ffi.cast("hpccomm_shm_reducer", half[0]), *half[1:])
         elif dtype in _DTYPE_CODES and (kind == RedOpType.SUM or not dtype.is_complex):
             reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
         else:
-            reducer = None  # bool, and complex beyond SUM, stay on MPI
+            reducer = None
         plan = None
         if reducer is not None:
-            plan = ffi.new("hpccomm_shm_allreduce *")
+            plan = ffi.new("hpccomm_shm_op *")
             plan.counters, plan.slots = self._counters, self._slots
             plan.slot_stride, plan.buffer_stride = self._slot_stride, self._buffer_stride
-            plan.size, plan.rank = self._size, self._rank
-            plan.elem_size = dtype.itemsize
-            plan.chunk_elems = self.chunk_bytes // dtype.itemsize
+            plan.size, plan.rank = self.size, self.rank
             plan.buffers = _BUFFERS
+            plan.elem_size = dtype.itemsize
             plan.reduce, plan.dtype, plan.op, plan.path = reducer
-        self._plans[dtype, kind] = plan
+        self._plans[key] = plan
         return plan
 
     def close(self) -> None:
         """Unmap the segment (local: ranks may close at different times).
 
-        All-reduces still pending never complete after this: their waiters
+        Collectives still pending never complete after this: their waiters
         see the group closed and fail.
         """
         with self.lock:
@@ -219,23 +366,28 @@ class SharedMemoryChannel:
                 pass  # something still exports it; unmapped when that is freed
 
     @property
+    def slot_bytes(self) -> int:
+        """The data bytes each rank's slot carries."""
+        return self._slot_bytes
+
+    @property
     def buffer_bytes(self) -> int:
-        """The most tensor bytes one pipeline chunk carries (a quarter slot)."""
+        """The most data bytes one pipeline chunk carries through a slot (a quarter slot)."""
         return self._slot_bytes // _BUFFERS
 
     @property
     def chunk_bytes(self) -> int:
-        """How many tensor bytes a chunk carries in an all-reduce of up to ``_CHUNKS_PER_ALLREDUCE`` chunks."""
+        """The bytes a chunk puts through a slot in collectives of up to ``_CHUNKS_PER_OP`` chunks."""
         return min(_CHUNK_BYTES, self.buffer_bytes // 4)
 
     @property
     def chunks_posted(self) -> int:
-        """How many chunks all-reduces have posted through this channel so far."""
+        """How many chunks collectives have posted through this channel so far."""
         return self._next_chunk
 
 
 def _slot_layout(slot_bytes: int) -> tuple[int, int]:
-    """``(buffer stride, slot stride)`` in bytes for slots carrying ``slot_bytes`` of tensor each."""
+    """``(buffer stride, slot stride)`` in bytes for slots carrying ``slot_bytes`` of data each."""
     buffer_stride = slot_bytes // _BUFFERS + _BUFFER_PAD
     return buffer_stride, buffer_stride * _BUFFERS + _SLOT_PAD
 
@@ -278,27 +430,41 @@ def _map_segment(comm: Any, nbytes: int) -> mmap.mmap | None:
     return segment
 
 
-class ShmAllreduce:
-    """One all-reduce through a :class:`SharedMemoryChannel`: a Pending.
+class ShmOp:
+    """One collective through a :class:`SharedMemoryChannel`: a Pending.
 
     Args:
-        channel: the group's channel.
-        ar: the engine's state for it (``hpccomm_shm_allreduce``), filled in.
-        tensor: the tensor it reduces in place, held until it completes.
-        previous: the all-reduce posted before it on the channel, driven first.
+        channel: the channel it runs on.
+        op: the engine's state for it (``hpccomm_shm_op``), filled in.
+        name: the collective's name, for errors.
+        keep: what it reads or writes (tensors, address arrays), held until it completes.
+        previous: the collective posted before it on the channel, driven first.
+        gate: polled before it starts; it starts once that returns True.
     """
 
-    __slots__ = ("_channel", "_ar", "_tensor", "_previous")
+    __slots__ = ("_channel", "_op", "_name", "_keep", "_previous", "_gate", "after")
 
-    def __init__(self, channel: SharedMemoryChannel, ar: Any, tensor: torch.Tensor, previous: ShmAllreduce | None) -> None:
+    def __init__(
+        self,
+        channel: SharedMemoryChannel,
+        op: Any,
+        name: str,
+        keep: tuple[Any, ...],
+        previous: ShmOp | None,
+        gate: Callable[[], bool] | None = None,
+    ) -> None:
         self._channel = channel
-        self._ar = ar
-        self._tensor: torch.Tensor | None = tensor
+        self._op = op
+        self._name = name
+        self._keep: tuple[Any, ...] | None = keep
         self._previous = previous
+        self._gate = gate
+        #: Local steps to run once it completes (copy-back, AVG's division), in order.
+        self.after: list[Callable[[], None]] = []
 
     def test(self) -> bool:
         """Advance as far as the other ranks allow; True once every chunk is done."""
-        if self._tensor is None:
+        if self._keep is None:
             return True
         previous = self._previous
         if previous is not None:
@@ -311,15 +477,21 @@ class ShmAllreduce:
         try:
             if self._channel.closed:
                 return False  # the group was aborted or shut down: the waiter raises
-            state = _engine.lib.hpccomm_shm_allreduce_progress(self._ar, _POLLS_PER_TEST)
+            gate = self._gate
+            if gate is not None:
+                if not gate():
+                    return False
+                self._gate = None
+            state = _engine.lib.hpccomm_shm_progress(self._op, _POLLS_PER_TEST)
         finally:
             lock.release()
         if state < 0:
-            raise RuntimeError(f"hpccomm all_reduce: the shared-memory engine could not reduce {self._tensor.dtype}")
+            raise RuntimeError(f"hpccomm {self._name}: the shared-memory engine could not reduce these elements")
         if state == 0:
             return False
-        self._tensor = None  # done: hold no tensor
+        self._keep = None  # done: hold no tensor
         return True
 
     def finish(self) -> None:
-        pass
+        for step in self.after:
+            step()

@@ -12,18 +12,13 @@ import sys
 import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
+from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, same, torch_op, valid_ops, value
 from hpccomm.transports import selection
-from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, torch_op, valid_ops, value
 from rankcheck import check, expect_error, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
 ON_UCC = selection.routes().get("cpu") == "ucc"
-
-def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert torch.equal(actual, expected), f"{what}: got {actual.tolist()} expected {expected.tolist()}"
-
 
 # -- reductions -----------------------------------------------------------------
 
@@ -54,6 +49,24 @@ def sixteen_bit_sums_round_to_nearest_even() -> None:
         dist.all_reduce(t)
         expected = torch.tensor(1.0, dtype=dtype) + torch.tensor(tie if SIZE > 1 else 0.0, dtype=dtype)
         same(t, expected.expand(5), f"{dtype} sum")
+
+
+@check
+def sparse_all_reduce_sums_as_gloo_does() -> None:
+    # rank r holds ones at rows 0..r of a (SIZE + 1) x 2 x [3] tensor: overlapping entries add up
+    for dense_shape in ((), (3,)):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16):
+            indices = torch.stack([torch.arange(RANK + 1), torch.zeros(RANK + 1, dtype=torch.int64)])
+            values = torch.ones(RANK + 1, *dense_shape, dtype=dtype)
+            t = torch.sparse_coo_tensor(indices, values, (SIZE + 1, 2, *dense_shape))
+            dist.all_reduce(t)
+            expected = torch.zeros(SIZE + 1, 2, *dense_shape, dtype=dtype)
+            for r in range(SIZE):
+                expected[: r + 1, 0] += 1
+            assert t.is_sparse and torch.equal(t.to_dense(), expected), f"sparse all_reduce {dtype}: {t.to_dense()}"
+    t = torch.sparse_coo_tensor(torch.tensor([[0]]), torch.ones(1), (2,))
+    expect_error(ValueError, "summed only", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    dist.barrier()
 
 
 @check
@@ -174,6 +187,26 @@ def all_gather_into_tensor_every_dtype() -> None:
         out2 = torch.empty(SIZE, NUMEL, dtype=dtype)
         dist.all_gather_into_tensor(out2, value(RANK, dtype))
         same(out2, torch.stack([value(r, dtype) for r in range(SIZE)]), f"all_gather_into_tensor stacked {dtype}")
+
+
+@check
+def all_gather_coalesced_in_torchs_layout() -> None:
+    # output_tensor_lists[r][i] receives rank r's input i. With as many inputs as ranks a
+    # transposed result has the right shapes and plausible values: the case to catch.
+    for count in sorted({1, SIZE, SIZE + 1}):
+        for dtype in (torch.float32, torch.int64, torch.complex64):
+            ins = [value(10 * RANK + i, dtype, i + 1) for i in range(count)]
+            outs = [[torch.empty(i + 1, dtype=dtype) for i in range(count)] for _ in range(SIZE)]
+            work = dist.all_gather_coalesced(outs, ins, async_op=count == SIZE)
+            if work is not None:
+                work.wait()
+            for r in range(SIZE):
+                for i in range(count):
+                    same(outs[r][i], value(10 * r + i, dtype, i + 1), f"all_gather_coalesced x{count} [{r}][{i}]")
+    empty = [[torch.empty(0), torch.empty(3)] for _ in range(SIZE)]
+    dist.all_gather_coalesced(empty, [torch.empty(0), value(RANK, torch.float32, 3)])
+    for r in range(SIZE):
+        same(empty[r][1], value(r, torch.float32, 3), f"all_gather_coalesced with an empty tensor [{r}]")
 
 
 @check

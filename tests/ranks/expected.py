@@ -51,6 +51,12 @@ def combine(op: object, dtype: torch.dtype, tensors: list[torch.Tensor], factor:
     return out.to(dtype)
 
 
+def same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Fail unless ``actual`` has ``expected``'s dtype and values."""
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert torch.equal(actual, expected), f"{what}: got {actual.tolist()[:8]} expected {expected.tolist()[:8]}"
+
+
 def valid_ops(dtype: torch.dtype) -> list[object]:
     if dtype == torch.bool:
         return [Op.SUM, Op.PRODUCT, Op.MIN, Op.MAX, Op.BAND, Op.BOR, Op.BXOR]

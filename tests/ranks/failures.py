@@ -5,10 +5,14 @@ all_reduce that needs it:
     raise: an uncaught exception.
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
+    sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
+          way, then SIGKILLs itself while the others are inside it.
     skip: rank 1 skips one all_reduce but stays alive; the others must time
           out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
           subgroup: the pending work fails at once, later calls raise, exit is clean.
+    barrier: only rank 0 enters a barrier with its own 0.5 s timeout, on a
+          group whose timeout is 300 s: it must time out after 0.5 s.
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ if rank == 1 and mode == "exit3":
     sys.exit(3)
 if rank == 1 and mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
+if mode == "sigkill-inside":
+    big = torch.ones(4 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    if rank == 1:
+        for _ in range(3):
+            work.is_completed()  # some progress, not all: the others are inside the collective
+        os.kill(os.getpid(), signal.SIGKILL)
+    work.wait()
+    say(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1")
 
 if mode == "skip":
     start = time.monotonic()
@@ -46,7 +59,8 @@ if mode == "skip":
         try:
             dist.all_reduce(t)
             say(f"UNEXPECTED rank={rank}: all_reduce completed")
-        except CommTimeoutError as exc:
+        except dist.DistBackendError as exc:  # what torch's NCCL raises on a timeout
+            assert isinstance(exc, CommTimeoutError), type(exc)
             say(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
     else:
         time.sleep(timeout_s + 2)  # alive but absent: the others must time out, not see an exit
@@ -71,6 +85,21 @@ if mode == "abort":
             say(f"UNEXPECTED rank={rank}: call on an aborted group worked")
         except RuntimeError as exc:
             say(f"REFUSED rank={rank} msg={exc}")
+    dist.barrier()  # the world group is unaffected
+    dist.destroy_process_group()
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "barrier":
+    group = dist.new_group(list(range(size)), timeout=timedelta(seconds=300))
+    if rank == 0:
+        start = time.monotonic()
+        try:
+            dist.barrier(group=group, timeout=timedelta(seconds=0.5))
+            say(f"UNEXPECTED rank={rank}: barrier completed without the others")
+        except CommTimeoutError as exc:
+            say(f"TIMEOUT rank={rank} after={time.monotonic() - start:.2f} msg={exc}")
+    dist.destroy_process_group(group)
     dist.barrier()  # the world group is unaffected
     dist.destroy_process_group()
     say(f"EXITED rank={rank}")

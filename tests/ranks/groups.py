@@ -31,6 +31,24 @@ def identity_comes_from_mpi_and_is_exported() -> None:
 
 
 @check
+def topology_of_one_node() -> None:
+    import socket
+
+    topo = hpccomm.topology()
+    assert topo.num_nodes == 1 and topo.hosts == (socket.gethostname(),)
+    assert topo.nodes == (tuple(range(SIZE)),) and topo.leaders == (0,) and topo.uniform
+    assert (topo.rank, topo.local_rank, topo.local_size) == (RANK, RANK, SIZE)
+    assert dist.get_process_group_ranks(hpccomm.node_group()) == list(range(SIZE))
+    leaders = hpccomm.leaders_group()
+    if RANK == 0:
+        assert dist.get_process_group_ranks(leaders) == [0]
+    else:
+        assert leaders is dist.GroupMember.NON_GROUP_MEMBER
+    mesh = hpccomm.init_device_mesh("cpu")
+    assert mesh.mesh.tolist() == [list(range(SIZE))]
+
+
+@check
 def new_group_subsets_and_non_members() -> None:
     evens = list(range(0, SIZE, 2))
     group = dist.new_group(evens)
@@ -44,6 +62,11 @@ def new_group_subsets_and_non_members() -> None:
         b = torch.tensor([float(RANK)])
         dist.broadcast(b, src=evens[-1], group=group)
         assert b.item() == evens[-1]
+        # torch's layout on a subgroup: outs[group rank][i] holds that rank's input i
+        outs = [[torch.empty(1), torch.empty(2)] for _ in evens]
+        dist.all_gather_coalesced(outs, [torch.tensor([float(RANK)]), torch.full((2,), RANK + 0.5)], group=group)
+        for i, r in enumerate(evens):
+            assert outs[i][0].item() == r and torch.equal(outs[i][1], torch.full((2,), r + 0.5)), outs
     else:
         assert dist.get_rank(group) == -1
         assert t.item() == RANK  # a non-member's call is a no-op

@@ -1,6 +1,6 @@
 """What runs on top of the backend: DDP, FSDP2, DeviceMesh, functional collectives.
 
-DDP and FSDP2 are checked for parity with single-process training on the
+DDP, FSDP2 and HSDP (on hpccomm's node mesh) are checked for parity with single-process training on the
 concatenated batch: after a few steps every rank's parameters must equal the
 reference model's.
 """
@@ -9,40 +9,29 @@ from __future__ import annotations
 
 import sys
 
-import hpccomm  # noqa: F401
+import hpccomm
 import torch
 import torch.distributed as dist
+import training
 from rankcheck import check, run_all
+from training import full_params, fully_sharded, make_model
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-STEPS = 3
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
 
 
 def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The same global batches on every rank; rank r trains on rows r::SIZE."""
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(4 * SIZE, 8, generator=g), torch.randn(4 * SIZE, 4, generator=g)) for _ in range(STEPS)]
-
-
-def reference_params() -> list[torch.Tensor]:
-    model = make_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        opt.step()
-    return [p.detach().clone() for p in model.parameters()]
+    return training.batches(SIZE)
 
 
 def assert_close(params: list[torch.Tensor], what: str) -> None:
-    for got, want in zip(params, reference_params()):
-        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), f"{what}: max diff {(got - want).abs().max()}"
+    training.assert_close(params, SIZE, what)
+
+
+def train_ddp(model: torch.nn.Module) -> list[torch.Tensor]:
+    """Train a DDP-wrapped copy of make_model() on this rank's rows; return its parameters."""
+    training.train(model, RANK, SIZE)
+    return [p.detach().clone() for p in model.parameters()]
 
 
 @check
@@ -50,30 +39,85 @@ def ddp_matches_single_process_training() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = DDP(make_model(), bucket_cap_mb=0.0001)  # tiny buckets: several async all_reduces per step
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert_close(train_ddp(model), "DDP")
+
+
+@check
+def compiled_ddp_matches_single_process_training() -> None:
+    # torch.compile sees hpccomm's methods when DDP's C++ calls them (buffer broadcasts):
+    # they must run, not be traced. The default DDP optimizer splits the graph per bucket.
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch._dynamo.reset()
+    model = DDP(make_model())
+    compiled = torch.compile(model, backend="aot_eager")
+    opt = torch.optim.SGD(model.parameters(), lr=training.LR)
+    for x, y in batches():
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(compiled(x[RANK::SIZE]), y[RANK::SIZE]).backward()
+        opt.step()
+    assert_close([p.detach() for p in model.parameters()], "compiled DDP")
+
+
+@check
+def ddp_powersgd_hook_matches_gloo() -> None:
+    # PowerSGD's future callbacks post all-reduces and wait on them.
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    results = []
+    for group in (dist.group.WORLD, dist.new_group(backend="gloo")):
+        model = DDP(make_model(), process_group=group)
+        state = powerSGD.PowerSGDState(process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD.powerSGD_hook)
+        results.append(train_ddp(model) + train_ddp(model))  # 6 steps: PowerSGD from the third
+    for got, want in zip(*results):
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-4), f"PowerSGD: hpccomm differs from gloo by {(got - want).abs().max()}"
+
+
+@check
+def ddp_fp16_compression_hook_matches_gloo() -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    results = []
+    for group in (dist.group.WORLD, dist.new_group(backend="gloo")):
+        model = DDP(make_model(), process_group=group)
+        model.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        results.append(train_ddp(model))
+    # Sums of float16 gradients in another order round differently: compare within float16's precision.
+    for got, want in zip(*results):
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-3), f"fp16 hook: hpccomm differs from gloo by {(got - want).abs().max()}"
+
+
+@check
+def zero_redundancy_optimizer_matches_single_process_training() -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(make_model())
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=training.LR)
     for x, y in batches():
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
         opt.step()
-    assert_close([p.detach() for p in model.parameters()], "DDP")
+    assert_close([p.detach() for p in model.parameters()], "ZeroRedundancyOptimizer")
 
 
 @check
 def fsdp2_fully_shard_matches_single_process_training() -> None:
-    from torch.distributed.fsdp import fully_shard
+    model = fully_sharded()
+    training.train(model, RANK, SIZE)
+    assert_close(full_params(model), "FSDP2")
 
-    model = make_model()
-    for layer in model:
-        if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for x, y in batches():
-        opt.zero_grad()
-        torch.nn.functional.mse_loss(model(x[RANK::SIZE]), y[RANK::SIZE]).backward()
-        opt.step()
-    full = [p.full_tensor().detach() for p in model.parameters()]
-    assert_close(full, "FSDP2")
+
+@check
+def hsdp_on_hpccomms_node_mesh_matches_single_process_training() -> None:
+    mesh = hpccomm.init_device_mesh("cpu")  # one node: (1, SIZE)
+    assert tuple(mesh.mesh.shape) == (1, SIZE) and mesh.mesh_dim_names == ("node", "local")
+    model = fully_sharded(mesh)
+    training.train(model, RANK, SIZE)
+    assert_close(full_params(model), "HSDP")
 
 
 @check

@@ -1,100 +1,188 @@
-"""The node-local shared-memory all-reduce: chunking, ordering, identical results, cleanup.
+"""The node-local shared-memory collectives: every op x dtype x reduce op, chunking, aliasing, ordering, cleanup.
 
 Run under ``hpccomm-run -n N`` with HPCCOMM_SHM_MIN_BYTES=1 and a small
 HPCCOMM_SHM_SLOT_BYTES, so small tensors take the shared-memory path in many
-chunks; the every-collective checker covers every dtype and op that way too
-(tests/test_shm.py).
+chunks. Every result is compared with values computed locally
+(tests/ranks/expected.py), and every call must have taken the shared-memory
+path (the transport counts them). Usage: shm.py [name-filter].
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
-from hpccomm.transports.shm import SharedMemoryChannel
+from expected import ALL, Op, combine, same, torch_op, valid_ops, value
+from paths import Through, reduces, transport
 from rankcheck import check, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
-KINDS = {
-    dist.ReduceOp.SUM: torch.add,
-    dist.ReduceOp.PRODUCT: torch.mul,
-    dist.ReduceOp.MIN: torch.minimum,
-    dist.ReduceOp.MAX: torch.maximum,
-}
-DTYPES = (
-    torch.float32,
-    torch.float64,
-    torch.bfloat16,
-    torch.float16,
-    torch.int8,
-    torch.uint8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.complex64,
-    torch.complex128,
-)
-HALF_ON_TORCH = os.environ.get("HPCCOMM_HALF_KERNELS") == "torch"
 
 
-def channel(group=None) -> SharedMemoryChannel | None:
-    pg = group if group is not None else dist.group.WORLD
-    return pg._cpu_transport._shm
-
-
-def data(rank: int, numel: int, dtype: torch.dtype, kind) -> torch.Tensor:
-    """Small integers (exact in every dtype), different per rank and position."""
-    gen = torch.Generator().manual_seed(1000 + rank)
-    low, high = (-1, 2) if kind == dist.ReduceOp.PRODUCT else (-4, 5)
-    if dtype == torch.uint8:
-        low, high = 0, high - low
-    values = torch.randint(low, high, (numel,), generator=gen)
-    if dtype.is_complex:
-        values = torch.complex(values.double(), torch.randint(low, high, (numel,), generator=gen).double())
-    return values.to(dtype)
-
-
-def expected(numel: int, dtype: torch.dtype, kind) -> torch.Tensor:
-    want = data(0, numel, dtype, kind)
-    for r in range(1, SIZE):
-        want = KINDS[kind](want, data(r, numel, dtype, kind))
-    return want
+def sizes(units: int, itemsize: int) -> list[int]:
+    """Element counts around chunk boundaries for a collective whose chunks carry ``units`` runs."""
+    per_chunk = max(1, transport().channel.chunk_bytes // (units * itemsize))
+    # One element, fewer than ranks, either side of a chunk, more chunks than a slot holds, and
+    # large enough for larger chunks (odd-sized, then a whole buffer each).
+    return sorted({1, max(1, SIZE - 1), per_chunk - 1 or 1, per_chunk + 1, 9 * per_chunk + 7, 40 * per_chunk + 3})
 
 
 @check
 def groups_on_one_node_get_a_channel():
-    assert channel() is not None, "the world group has no shared-memory channel"
+    assert transport().channel is not None and transport().path == "node"
     sub = dist.new_group([0, 1])
     if RANK in (0, 1):
-        assert channel(sub) is not None, "a two-rank subgroup has no channel"
+        assert transport(sub).channel.size == 2, "a two-rank subgroup has no channel"
     dist.destroy_process_group(sub)
 
 
 @check
-def all_reduce_in_many_chunks_matches_local_values():
-    wrong = []
-    for dtype in DTYPES:
-        per_chunk = channel().chunk_bytes // dtype.itemsize
-        # Around chunk boundaries, more chunks than a slot holds, fewer elements than ranks, and
-        # large enough for larger chunks (odd-sized, then a whole buffer each).
-        for numel in (1, SIZE - 1 or 1, per_chunk - 1, per_chunk, per_chunk + 1, 9 * per_chunk + 7,
-                      40 * per_chunk + 3, 100 * per_chunk + 1):
-            for kind in KINDS:
-                if dtype.is_complex and kind != dist.ReduceOp.SUM:
-                    continue  # rejected before any communication (tests/ranks/collectives.py)
-                t = data(RANK, numel, dtype, kind)
-                before = channel().chunks_posted
-                dist.all_reduce(t, op=kind)
-                # 16-bit floats need the compiled kernels to take the shared-memory path.
-                shared = not (HALF_ON_TORCH and dtype in (torch.bfloat16, torch.float16))
-                if (channel().chunks_posted != before) != shared:
-                    wrong.append(f"{dtype} n={numel} {kind}: shared-memory path taken: {not shared}")
-                if not torch.equal(t, expected(numel, dtype, kind)):
-                    wrong.append(f"{dtype} n={numel} {kind}")
-    assert not wrong, f"{len(wrong)} wrong, first: {wrong[:5]}"
+def all_reduce_every_dtype_op_and_chunking():
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            for n in sizes(1, dtype.itemsize):
+                ins = [value(r, dtype, n, op == Op.PRODUCT) for r in range(SIZE)]
+                t = ins[RANK].clone()
+                with Through("all_reduce", f"all_reduce {dtype} {op} n={n}", reduces(dtype, op)):
+                    dist.all_reduce(t, op=torch_op(op))
+                same(t, combine(op, dtype, ins), f"all_reduce {dtype} {op} n={n}")
+
+
+@check
+def reduce_every_dtype_op_and_root():
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            for n in sizes(1, dtype.itemsize)[::2]:
+                root = n % SIZE
+                ins = [value(r, dtype, n, op == Op.PRODUCT) for r in range(SIZE)]
+                t = ins[RANK].clone()
+                with Through("reduce", f"reduce {dtype} {op} n={n}", reduces(dtype, op)):
+                    dist.reduce(t, dst=root, op=torch_op(op))
+                same(t, combine(op, dtype, ins) if RANK == root else ins[RANK], f"reduce {dtype} {op} n={n} root={root}")
+
+
+@check
+def broadcast_every_dtype_and_root():
+    for dtype in ALL:
+        for n in sizes(1, dtype.itemsize):
+            for root in range(SIZE):
+                t = value(RANK, dtype, n)
+                with Through("broadcast", f"broadcast {dtype} n={n}"):
+                    dist.broadcast(t, src=root)
+                same(t, value(root, dtype, n), f"broadcast {dtype} n={n} root={root}")
+
+
+@check
+def all_gather_into_tensor_and_list_every_dtype():
+    for dtype in ALL:
+        for n in sizes(1, dtype.itemsize):
+            out = torch.empty(SIZE * n, dtype=dtype)
+            with Through("all_gather_into_tensor", f"all_gather_into_tensor {dtype} n={n}"):
+                dist.all_gather_into_tensor(out, value(RANK, dtype, n))
+            same(out, torch.cat([value(r, dtype, n) for r in range(SIZE)]), f"all_gather_into_tensor {dtype} n={n}")
+            # The list form, with a different size per rank.
+            outs = [torch.empty(n + r, dtype=dtype) for r in range(SIZE)]
+            with Through("all_gather", f"all_gather {dtype} n={n}"):
+                dist.all_gather(outs, value(RANK, dtype, n + RANK))
+            for r in range(SIZE):
+                same(outs[r], value(r, dtype, n + r), f"all_gather {dtype} n={n} from {r}")
+
+
+@check
+def reduce_scatter_tensor_and_list_every_dtype_and_op():
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            small = op == Op.PRODUCT
+            for n in sizes(SIZE, dtype.itemsize)[1::2]:
+                ins = [value(r, dtype, n * SIZE, small) for r in range(SIZE)]
+                out = torch.empty(n, dtype=dtype)
+                with Through("reduce_scatter_tensor", f"reduce_scatter_tensor {dtype} {op} n={n}", reduces(dtype, op)):
+                    dist.reduce_scatter_tensor(out, ins[RANK].clone(), op=torch_op(op))
+                mine = [t[RANK * n : (RANK + 1) * n] for t in ins]
+                same(out, combine(op, dtype, mine), f"reduce_scatter_tensor {dtype} {op} n={n}")
+                # The list form: rank r contributes chunk j (n + j elements) to rank j.
+                per_rank = [[value(r + j, dtype, n + j, small) for j in range(SIZE)] for r in range(SIZE)]
+                out = torch.empty(n + RANK, dtype=dtype)
+                with Through("reduce_scatter", f"reduce_scatter {dtype} {op} n={n}", reduces(dtype, op)):
+                    dist.reduce_scatter(out, [t.clone() for t in per_rank[RANK]], op=torch_op(op))
+                same(out, combine(op, dtype, [per_rank[r][RANK] for r in range(SIZE)]), f"reduce_scatter {dtype} {op} n={n}")
+
+
+@check
+def non_contiguous_inputs_and_outputs():
+    n = 3 * transport().channel.chunk_bytes // 4 + 5  # several chunks
+    grid = lambda r: (torch.arange(n * 2, dtype=torch.float32).view(2, n) + r).t()  # noqa: E731  n x 2, strided
+    t = grid(RANK)
+    with Through("all_reduce", "all_reduce"):
+        dist.all_reduce(t)
+    same(t, sum(grid(r) for r in range(SIZE)), "all_reduce non-contiguous")
+    t = grid(RANK)
+    with Through("broadcast", "broadcast"):
+        dist.broadcast(t, src=SIZE - 1)
+    same(t, grid(SIZE - 1), "broadcast non-contiguous")
+    t = grid(RANK)
+    with Through("reduce", "reduce"):
+        dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+    same(t, grid(SIZE - 1) if RANK == 0 else grid(RANK), "reduce non-contiguous")
+    outs = [torch.empty(2, n).t() for _ in range(SIZE)]
+    with Through("all_gather", "all_gather"):
+        dist.all_gather(outs, grid(RANK))
+    for r in range(SIZE):
+        same(outs[r], grid(r), f"all_gather non-contiguous from {r}")
+    out = torch.empty(2, SIZE * n).t()  # SIZE*n x 2, strided
+    with Through("all_gather_into_tensor", "all_gather_into_tensor"):
+        dist.all_gather_into_tensor(out, grid(RANK))
+    same(out, torch.cat([grid(r) for r in range(SIZE)]), "all_gather_into_tensor non-contiguous")
+    big = torch.cat([grid(RANK + j) for j in range(SIZE)])  # SIZE*n x 2, strided pieces copied
+    out = torch.empty(2, n).t()
+    with Through("reduce_scatter_tensor", "reduce_scatter_tensor"):
+        dist.reduce_scatter_tensor(out, big.t().contiguous().t())
+    same(out, sum(grid(r + RANK) for r in range(SIZE)), "reduce_scatter_tensor non-contiguous")
+    out = torch.empty(2, n).t()
+    with Through("reduce_scatter", "reduce_scatter"):
+        dist.reduce_scatter(out, [grid(RANK + j) for j in range(SIZE)])
+    same(out, sum(grid(r + RANK) for r in range(SIZE)), "reduce_scatter non-contiguous")
+
+
+@check
+def aliased_inputs_and_outputs():
+    n = transport().channel.chunk_bytes // 4 * 3 + 1
+    # FSDP2's in-place all-gather: the input is this rank's slot of the output.
+    out = torch.zeros(SIZE * n)
+    out[RANK * n : (RANK + 1) * n] = value(RANK, torch.float32, n)
+    with Through("all_gather_into_tensor", "in-place all_gather_into_tensor"):
+        dist.all_gather_into_tensor(out, out[RANK * n : (RANK + 1) * n])
+    same(out, torch.cat([value(r, torch.float32, n) for r in range(SIZE)]), "in-place all_gather_into_tensor")
+    # An input inside the output at another place.
+    out = torch.zeros(SIZE * n + 3)
+    out[1 : n + 1] = value(RANK, torch.float32, n)
+    with Through("all_gather_into_tensor", "overlapping all_gather_into_tensor"):
+        dist.all_gather_into_tensor(out[3:], out[1 : n + 1])
+    same(out[3:], torch.cat([value(r, torch.float32, n) for r in range(SIZE)]), "overlapping all_gather_into_tensor")
+    # The list form in place: the input is this rank's output.
+    outs = [torch.empty(n) for _ in range(SIZE)]
+    outs[RANK].copy_(value(RANK, torch.float32, n))
+    with Through("all_gather", "in-place all_gather"):
+        dist.all_gather(outs, outs[RANK])
+    for r in range(SIZE):
+        same(outs[r], value(r, torch.float32, n), f"in-place all_gather from {r}")
+    # reduce_scatter whose output is a slice of its own input: at a block's start, and between blocks.
+    for start in (0, (SIZE - 1) * n, 1):
+        buf = value(RANK, torch.int64, SIZE * n + 1)
+        expected = combine(Op.SUM, torch.int64, [value(r, torch.int64, SIZE * n + 1)[RANK * n : (RANK + 1) * n] for r in range(SIZE)])
+        with Through("reduce_scatter_tensor", f"aliased reduce_scatter_tensor at {start}"):
+            dist.reduce_scatter_tensor(buf[start : start + n], buf[: SIZE * n])
+        same(buf[start : start + n], expected, f"aliased reduce_scatter_tensor at {start}")
+    # The list form with the output among the inputs.
+    ins = [value(RANK + j, torch.int32, n) for j in range(SIZE)]
+    expected = combine(Op.SUM, torch.int32, [value(r + RANK, torch.int32, n) for r in range(SIZE)])
+    with Through("reduce_scatter", "aliased reduce_scatter"):
+        dist.reduce_scatter(ins[0], ins)
+    same(ins[0], expected, "aliased reduce_scatter")
 
 
 @check
@@ -120,28 +208,35 @@ def nan_wins_min_and_max_and_integers_wrap():
 
 
 @check
-def async_all_reduces_complete_in_any_wait_order_among_other_collectives():
-    tensors = [torch.full((5000,), float(RANK + i)) for i in range(6)]
+def async_collectives_complete_in_any_wait_order_among_mpi_ones():
+    n = 5000
+    tensors = [torch.full((n,), float(RANK + i)) for i in range(6)]
+    gathered = torch.empty(SIZE * n)
+    scattered = torch.empty(n)
     works = []
     for i, t in enumerate(tensors):
         works.append(dist.all_reduce(t, async_op=True))
+        if i == 2:
+            works.append(dist.all_gather_into_tensor(gathered, torch.full((n,), float(RANK)), async_op=True))
+            works.append(dist.reduce_scatter_tensor(scattered, torch.arange(SIZE * n, dtype=torch.float32), async_op=True))
         if i % 2:
-            b = torch.full((3,), float(RANK))
-            dist.broadcast(b, src=0)  # an MPI collective between them
-            assert torch.equal(b, torch.zeros(3))
+            out = torch.empty(SIZE)
+            dist.all_to_all_single(out, torch.full((SIZE,), float(RANK)))  # an MPI collective between them
+            assert torch.equal(out, torch.arange(SIZE, dtype=torch.float32))
     for work in reversed(works):
         work.wait()
     for i, t in enumerate(tensors):
         assert torch.all(t == sum(r + i for r in range(SIZE))), f"tensor {i}"
+    assert torch.equal(gathered, torch.arange(SIZE, dtype=torch.float32).repeat_interleave(n))
+    assert torch.equal(scattered, torch.arange(RANK * n, (RANK + 1) * n, dtype=torch.float32) * SIZE)
     fut = dist.all_reduce(torch.ones(7000), async_op=True).get_future()
-    (value,) = fut.wait()
-    assert torch.all(value == SIZE)
+    (value_,) = fut.wait()
+    assert torch.all(value_ == SIZE)
 
 
 @check
 def the_segment_leaves_no_file_behind():
-    leftovers = [name for name in os.listdir("/dev/shm") if name.startswith("hpccomm-")]
-    mine = [name for name in leftovers if name.split("-")[1] in {str(os.getpid())}]
+    mine = [name for name in os.listdir("/dev/shm") if name.startswith(f"hpccomm-{os.getpid()}-")]
     assert not mine, f"segment files left in /dev/shm: {mine}"
 
 
@@ -149,11 +244,11 @@ def the_segment_leaves_no_file_behind():
 def destroy_and_init_again_gets_a_working_channel():
     dist.destroy_process_group()
     dist.init_process_group("hpccomm")
-    assert channel() is not None
     t = torch.full((9000,), float(RANK))
-    dist.all_reduce(t)
+    with Through("all_reduce", "all_reduce after init again"):
+        dist.all_reduce(t)
     assert torch.all(t == sum(range(SIZE)))
 
 
 if __name__ == "__main__":
-    run_all(RANK)
+    run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

@@ -45,6 +45,23 @@ def all_gather_list_of_wrong_length() -> None:
 
 
 @check
+def all_gather_coalesced_lists_that_do_not_match() -> None:
+    ins = [torch.ones(1), torch.ones(2)]
+    per_rank = lambda: [[torch.empty(1), torch.empty(2)] for _ in range(SIZE)]
+    too_few_ranks = per_rank()[:-1]
+    call = lambda: dist.all_gather_coalesced(too_few_ranks, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", "output_tensor_lists", "entries"], call)
+    short = per_rank()
+    short[-1] = short[-1][:1]
+    call = lambda: dist.all_gather_coalesced(short, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", f"output_tensor_lists[{SIZE - 1}]", "one tensor per input"], call)
+    wrong_size = per_rank()
+    wrong_size[RANK][1] = torch.empty(3)
+    call = lambda: dist.all_gather_coalesced(wrong_size, ins)
+    only_rank0_fails(ValueError, ["all_gather_coalesced", f"output_tensor_lists[*][1][{RANK}]"], call)
+
+
+@check
 def all_to_all_single_splits_that_do_not_sum() -> None:
     bad = [1] * SIZE
     bad[0] += 1
@@ -79,9 +96,13 @@ def invalid_root_and_peer() -> None:
 
 
 @check
-def sparse_tensor() -> None:
-    sparse = torch.ones(4).to_sparse()
-    only_rank0_fails(ValueError, ["all_reduce", "sparse"], lambda: PG.allreduce([sparse], dist.AllreduceOptions()))
+def sparse_tensor_where_only_dense_ones_work() -> None:
+    # all_reduce sums sparse COO tensors (tests/ranks/collectives.py); nothing else takes them
+    coo = torch.ones(4).to_sparse()
+    only_rank0_fails(ValueError, ["broadcast", "sparse_coo"], lambda: PG.broadcast([coo], dist.BroadcastOptions()))
+    only_rank0_fails(ValueError, ["all_reduce", "summed only"], lambda: dist.all_reduce(coo, op=dist.ReduceOp.MAX))
+    csr = torch.ones(2, 2).to_sparse_csr()
+    only_rank0_fails(ValueError, ["all_reduce", "sparse_csr"], lambda: PG.allreduce([csr], dist.AllreduceOptions()))
 
 
 @check

@@ -49,6 +49,60 @@ def future_callbacks_see_the_output() -> None:
 
 
 @check
+def a_callback_may_post_work_and_wait_for_it() -> None:
+    # DDP's PowerSGD hook does this: the thread running the callback must not be the one that completes work.
+    t, t2 = torch.ones(4), torch.full((4,), 2.0)
+    fut = dist.all_reduce(t, async_op=True).get_future()
+    (result,) = fut.then(lambda f: dist.all_reduce(t2, async_op=True).get_future().wait()).wait()
+    assert torch.equal(result, torch.full((4,), 2.0 * SIZE)) and torch.equal(t, torch.full((4,), float(SIZE)))
+
+
+@check
+def nested_callback_chains_complete() -> None:
+    a, b, c = torch.ones(3), torch.full((3,), 2.0), torch.full((3,), 3.0)
+
+    def second_stage(_: torch.futures.Future) -> torch.Tensor:
+        inner = dist.all_reduce(b, async_op=True).get_future()
+        return inner.then(lambda _f: dist.all_reduce(c, async_op=True).get_future().wait()[0] + 1).wait()
+
+    out = dist.all_reduce(a, async_op=True).get_future().then(second_stage).then(lambda f: f.value() * 2).wait()
+    assert torch.equal(out, (torch.full((3,), 3.0 * SIZE) + 1) * 2), out
+    assert torch.equal(a, torch.full((3,), float(SIZE))) and torch.equal(b, torch.full((3,), 2.0 * SIZE))
+
+
+@check
+def a_callback_may_wait_for_work_posted_after_its_own() -> None:
+    first, second = torch.ones(8), torch.full((8,), 3.0)
+    work_first = dist.all_reduce(first, async_op=True)
+    later = dist.all_reduce(second, async_op=True).get_future()
+    out = work_first.get_future().then(lambda _f: later.wait()[0].clone()).wait()
+    assert torch.equal(out, torch.full((8,), 3.0 * SIZE))
+
+
+@check
+def a_callback_waiting_on_work_that_never_completes_ends_at_the_timeout() -> None:
+    if SIZE < 2:
+        return
+    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=2))
+    if RANK == 0:
+        never = dist.irecv(torch.zeros(1), src=1, tag=77, group=group).get_future()  # rank 1 never sends
+        arrived = dist.irecv(torch.zeros(1), src=1, tag=76, group=group).get_future()
+        start = time.monotonic()
+        chained = arrived.then(lambda _f: never.wait())
+        try:
+            chained.wait()
+            raise AssertionError("a future waiting on work nobody joins completed")
+        except RuntimeError as exc:
+            assert "Timed out waiting 2000ms" in str(exc), exc
+        elapsed = time.monotonic() - start
+        assert elapsed < 10, f"the callback's wait outlived the group timeout: {elapsed:.1f} s"
+    elif RANK == 1:
+        dist.send(torch.ones(1), dst=0, tag=76, group=group)
+    dist.destroy_process_group(group)
+    dist.barrier()
+
+
+@check
 def wait_honours_its_timeout_and_can_wait_again() -> None:
     if SIZE < 2:
         return

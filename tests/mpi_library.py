@@ -1,0 +1,84 @@
+"""The MPI library under test and its launchers, asked without hpccomm_run (the code under test).
+
+The library is whichever mpi4py loads in this environment: an MPI wheel, or a
+system MPI mpi4py was built against. Launchers are told apart by their own
+``--version`` text.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+_LIBRARY_VERSION = (
+    "import mpi4py; mpi4py.rc.initialize = False\n"
+    "from mpi4py import MPI; print(MPI.Get_library_version())"
+)
+
+
+@functools.lru_cache(maxsize=1)
+def library_version() -> str:
+    """``MPI_Get_library_version`` of the library mpi4py loads (MPI not started)."""
+    return subprocess.run(
+        [sys.executable, "-c", _LIBRARY_VERSION], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+
+
+def family() -> str:
+    """'openmpi' or 'mpich' (MPICH and its derivatives)."""
+    text = library_version()
+    if "Open MPI" in text:
+        return "openmpi"
+    if any(name in text for name in ("MPICH", "Intel(R) MPI", "MVAPICH")):
+        return "mpich"
+    raise AssertionError(f"unknown MPI library in {sys.prefix}: {text[:200]!r}")
+
+
+def release() -> str:
+    """The library's version, e.g. '4.1.4'."""
+    match = re.search(r"(?:Open MPI v|Version:?\s*)(\d+\.\d+(?:\.\d+)?)", library_version())
+    assert match, library_version()
+    return match.group(1)
+
+
+def launcher_runs_library(path: str) -> bool:
+    """True when the launcher at ``path`` belongs to the library under test, by its ``--version``."""
+    text = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    if family() == "mpich":
+        return "HYDRA" in text or "Intel(R) MPI" in text
+    match = re.search(r"\((?:Open MPI|OpenRTE|PRRTE)\) (\d+)\.", text)
+    return bool(match) and match.group(1) == release().split(".")[0]
+
+
+def other_mpi_launcher() -> str | None:
+    """A launcher on this machine that belongs to another MPI than the one under test, if any."""
+    names = ("mpiexec", "mpiexec.openmpi", "mpiexec.mpich", "mpiexec.hydra")
+    for path in filter(None, map(shutil.which, names)):
+        if not launcher_runs_library(path):
+            return path
+    return None
+
+
+def ompi_info() -> str:
+    """Open MPI's ompi_info of the library under test (the wheel's, else the one on PATH)."""
+    own = os.path.join(sys.prefix, "bin", "ompi_info")
+    found = own if os.access(own, os.X_OK) else shutil.which("ompi_info")
+    assert found, "Open MPI without ompi_info"
+    return found
+
+
+def ompi_info_lists(*args: str) -> str:
+    """What ``ompi_info ARGS`` prints."""
+    return subprocess.run([ompi_info(), *args], capture_output=True, text=True, timeout=60).stdout
+
+
+def shared_memory_btl() -> str:
+    """Open MPI's shared-memory BTL as this library names it: 'vader' (4.x) or 'sm' (5)."""
+    listing = ompi_info_lists()
+    names = [name for name in ("sm", "vader") if f"MCA btl: {name} " in listing]
+    assert names, f"{ompi_info()} lists no shared-memory BTL"
+    return names[0]

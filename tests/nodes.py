@@ -1,0 +1,130 @@
+"""Run rank scripts on fake nodes of this machine: the MPI wheel's own launcher across namespaces.
+
+Each node is a holder process in a UTS namespace of its own (host name n1,
+n2, ...) and a mount namespace with a private, empty /dev/shm and an
+/etc/hosts that names every node (on loopback). The launcher
+(``mpirun`` for Open MPI, ``mpiexec`` for MPICH, from this environment) starts
+its daemons "on" a node through tests/nodes_agent.sh, which enters the node's
+namespaces, so MPI sees one host per node: its own shared memory within a
+node, TCP between nodes. The network namespace is the machine's. After the
+run each node's /dev/shm is read back, so a test can assert that nothing was
+left there. Needs root (unshare, nsenter, mount); missing it skips outside CI
+and fails in CI, as for the Slurm tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from launch import DEFAULT_LIMIT_S, RankRun, run_launcher
+
+from hpccomm_run import find_mpiexec, mpi_flavour
+
+AGENT = Path(__file__).parent / "nodes_agent.sh"
+IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+#: Between nodes MPI needs TCP; skip Open MPI's slow probing of UCX and OFI.
+OPENMPI_ENV = {
+    "OMPI_MCA_btl": "self,sm,tcp",
+    "OMPI_MCA_pml": "ob1",
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+}
+
+
+@dataclass
+class NodesRun(RankRun):
+    """A launch across nodes, plus what each node's /dev/shm held afterwards."""
+
+    leftovers: dict[str, list[str]] = field(default_factory=dict)
+
+
+def require_namespaces() -> None:
+    """Skip (outside CI) or fail (in CI) when fake nodes cannot be made here."""
+    missing = [tool for tool in ("unshare", "nsenter") if shutil.which(tool) is None]
+    if os.geteuid() != 0:
+        missing.append("root")
+    if missing:
+        message = f"fake nodes need {', '.join(missing)}"
+        if IN_CI:
+            pytest.fail(message + " (CI=true: a failure, not a skip)", pytrace=False)
+        pytest.skip(message)
+
+
+def run_on_nodes(
+    per_node: Sequence[int],
+    script: str,
+    *args: str,
+    round_robin: bool = False,
+    env: dict[str, str] | None = None,
+    limit_s: float = DEFAULT_LIMIT_S,
+) -> NodesRun:
+    """Run ``tests/ranks/<script>`` with ``per_node[i]`` ranks on fake node ``n<i+1>``.
+
+    Args:
+        per_node: ranks on each node.
+        script: file name under tests/ranks.
+        args: arguments for the script.
+        round_robin: number ranks across nodes in turn (rank 0 on n1, rank 1
+            on n2, ...) instead of node by node; needs the same count everywhere.
+        env: extra environment variables for the ranks.
+        limit_s: wall-clock limit; past it the run is killed and timed_out set.
+    """
+    require_namespaces()
+    hosts = [f"n{i + 1}" for i in range(len(per_node))]
+    with tempfile.TemporaryDirectory(prefix="hpccomm-nodes-") as state:
+        hosts_file = _hosts_file(hosts, state)
+        holders = [_start_node(host, state, hosts_file) for host in hosts]
+        try:
+            launcher = _launcher(hosts, per_node, round_robin)
+            run_env = {**(env or {}), "HPCCOMM_TEST_NODES": state}
+            if mpi_flavour() == "openmpi":
+                run_env = {**OPENMPI_ENV, **run_env}
+            run = run_launcher(launcher, script, *args, env=run_env, limit_s=limit_s)
+            leftovers = {host: sorted(os.listdir(f"/proc/{pid.pid}/root/dev/shm")) for host, pid in zip(hosts, holders)}
+        finally:
+            for holder in holders:
+                holder.kill()
+                holder.wait()
+    return NodesRun(run.returncode, run.output, run.timed_out, leftovers)
+
+
+def _hosts_file(hosts: list[str], state: str) -> str:
+    """This machine's /etc/hosts plus every fake node's name on loopback (torch's store connects by name)."""
+    path = os.path.join(state, "hosts")
+    with open("/etc/hosts") as original, open(path, "w") as hosts_file:
+        hosts_file.write(original.read().rstrip("\n") + f"\n127.0.0.1 {' '.join(hosts)}\n")
+    return path
+
+
+def _start_node(host: str, state: str, hosts_file: str) -> subprocess.Popen:
+    """A holder process in new UTS and mount namespaces: host name ``host``, its own empty /dev/shm."""
+    holder = subprocess.Popen(
+        ["unshare", "--uts", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+         f"hostname {host} && mount -t tmpfs -o mode=1777 tmpfs /dev/shm && mount --bind {hosts_file} /etc/hosts"
+         " && echo ready && exec sleep 100000"],
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    if holder.stdout.readline().strip() != "ready":
+        holder.kill()
+        raise RuntimeError(f"fake node {host} did not start (unshare/mount failed)")
+    Path(state, f"{host}.pid").write_text(str(holder.pid))
+    return holder
+
+
+def _launcher(hosts: list[str], per_node: Sequence[int], round_robin: bool) -> list[str]:
+    nprocs = str(sum(per_node))
+    if mpi_flavour() == "openmpi":
+        spec = ",".join(f"{host}:{n}" for host, n in zip(hosts, per_node))
+        mapping = ["--map-by", "node"] if round_robin else []
+        return [find_mpiexec(), "-n", nprocs, "--host", spec, *mapping, "--bind-to", "none",
+                "--mca", "plm_rsh_agent", str(AGENT)]
+    spec = ",".join(f"{host}:{1 if round_robin else n}" for host, n in zip(hosts, per_node))
+    return [find_mpiexec(), "-n", nprocs, "-hosts", spec, "-launcher", "ssh", "-launcher-exec", str(AGENT)]
+

@@ -1,0 +1,58 @@
+"""``python -m hpccomm info``: every section, alone and under a launcher, and the settings in effect."""
+
+import json
+import os
+import subprocess
+import sys
+
+from launch import run_ranks
+
+from hpccomm_run import mpi_flavour
+
+SECTIONS = ("== versions", "== MPI", "== paths", "== launcher", "== topology", "== settings")
+
+
+def info_alone(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpccomm", "info", *args], capture_output=True, text=True,
+                          timeout=180, env={**os.environ, **(env or {})})
+
+
+def test_info_without_a_launcher():
+    proc = info_alone(env={"HPCCOMM_SHM_MIN_BYTES": "12345", "HPCCOMM_NO_SUCH_KNOB": "1"})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for section in SECTIONS:
+        assert section in out, out
+    import torch
+
+    assert f"torch      {torch.__version__}" in out
+    assert "thread level  multiple" in out or "thread level" in out
+    for path in ("shared-memory all-reduce", "bfloat16 reduction", "float16 reduction", "UCC", "CUDA"):
+        assert path in out, out
+    assert "UCC" in out and ("not built in this installation" in out or "available" in out)
+    assert "started by none (a world of one)" in out
+    assert "hpccomm-run    -n 2 python train.py  ->" in out
+    assert "1 rank(s) on 1 node(s)" in out
+    assert "HPCCOMM_SHM_MIN_BYTES      12345      (environment)" in out, out
+    assert "HPCCOMM_PROGRESS_THREAD    True       (default)" in out, out
+    assert "HPCCOMM_NO_SUCH_KNOB" in out and "not read by hpccomm" in out
+
+
+def test_info_json_is_one_record():
+    proc = info_alone("--json")
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads(proc.stdout)
+    assert record["world_size"] == 1 and record["versions"]["hpccomm"]
+    assert {"shared_memory", "half_kernels", "ucc", "cuda", "knobs", "hpccomm_run"} <= set(record)
+
+
+def test_info_under_a_launcher_shows_every_rank_per_node():
+    run = run_ranks(3, "info.py")
+    assert run.returncode == 0 and not run.timed_out, run.output[-6000:]
+    out = run.output
+    assert out.count("== topology") == 1, "only rank 0 prints"
+    assert "3 rank(s) on 1 node(s)" in out
+    for rank in range(3):
+        assert f"| {rank} | {rank}/3 |" in out, out
+    launcher = "Open MPI mpirun" if mpi_flavour() == "openmpi" else "MPICH hydra"
+    assert f"started by {launcher}" in out, out

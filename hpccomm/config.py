@@ -23,6 +23,27 @@ def _flag(name: str, default: bool = False) -> bool:
     return value.strip().lower() not in ("0", "false", "no", "off")
 
 
+#: Devices hpccomm routes tensors of, and the transports that may serve them.
+DEVICES = ("cpu", "cuda")
+TRANSPORTS = ("auto", "mpi", "ucc")
+
+
+def _transports(name: str) -> tuple[tuple[str, str], ...]:
+    """``HPCCOMM_TRANSPORT``: (device, transport) pairs; a bare transport name applies to every device."""
+    value = os.environ.get(name, "").strip().lower() or "auto"
+    routes = dict.fromkeys(DEVICES, "auto")
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        device, _, transport = item.rpartition(":")
+        if transport not in TRANSPORTS or (device and device not in DEVICES):
+            raise ValueError(
+                f"hpccomm: {name}={value!r}: {item!r} is not a transport ({', '.join(TRANSPORTS)}) "
+                f"or device:transport (devices {', '.join(DEVICES)}), e.g. cpu:mpi,cuda:ucc"
+            )
+        for target in [device] if device else DEVICES:
+            routes[target] = transport
+    return tuple(routes.items())
+
+
 def _size(name: str, default: int | None) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -68,6 +89,10 @@ class Config:
             shared memory or hierarchical per call), ``flat`` (MPI's own
             collectives on the whole group, always) or ``hier`` (shared memory
             and the hierarchy wherever they apply, at every size).
+        transports: ``HPCCOMM_TRANSPORT``: which transport serves each
+            device, as (device, transport) pairs: ``auto`` (CPU: MPI; CUDA:
+            UCC where it is built), ``mpi`` or ``ucc``, for every device
+            (``ucc``) or per device (``cpu:mpi,cuda:ucc``).
     """
 
     debug: bool
@@ -76,6 +101,7 @@ class Config:
     shm_slot_bytes: int
     shm_min_bytes: int | None
     algo: str
+    transports: tuple[tuple[str, str], ...]
 
 
 def _read() -> Config:
@@ -87,6 +113,7 @@ def _read() -> Config:
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
+        transports=_transports("HPCCOMM_TRANSPORT"),
     )
 
 

@@ -19,7 +19,9 @@ The goodbye receives are posted when MPI starts, so every goodbye is matched
 and its send completes; at exit the sends are awaited (bounded) and the
 receives that never matched are cancelled. No request is left pending when
 MPI finalises: a pending send to a rank that already left can hang
-``MPI_Finalize``.
+``MPI_Finalize``. Between the two, the steps given to :func:`after_goodbye`
+run: teardowns that wait for the other ranks (UCC's), which must not keep
+this rank's goodbye from the others and must still learn of ranks that leave.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import atexit
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .world import mpi
@@ -50,6 +52,7 @@ _departed: set[int] = set()
 _first_seen: dict[int, float] = {}
 #: peer rank -> (posted receive for its goodbye, its 1-byte buffer)
 _inbox: dict[int, tuple[Any, bytearray]] = {}
+_after_goodbye: list[Callable[[], None]] = []
 
 
 class PeerExitedError(RuntimeError):
@@ -70,6 +73,19 @@ def install(rank: int, world_size: int) -> None:
             _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, _BYE_TAG), buf)
     sys.excepthook = _aborting_hook(sys.excepthook)
     atexit.register(_say_goodbye, world_size)
+
+
+def after_goodbye(step: Callable[[], None]) -> bool:
+    """Run ``step`` at exit once this rank's goodbyes are out, while :func:`departed` still learns of others.
+
+    Returns:
+        False, and nothing is registered, where fail-fast is not armed (a
+        world of one, or before MPI started): the caller runs ``step`` itself.
+    """
+    if _control is None:
+        return False
+    _after_goodbye.append(step)
+    return True
 
 
 def _aborting_hook(previous: Any) -> Any:
@@ -99,6 +115,11 @@ def _say_goodbye(world_size: int) -> None:
     deadline = time.monotonic() + _GOODBYE_WAIT_S
     while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
         time.sleep(0.001)
+    for step in _after_goodbye:
+        try:
+            step()
+        except Exception as exc:  # the others still run; exit goes on
+            print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
     for request, _buf in _inbox.values():
         if not request.Test():
             request.Cancel()

@@ -23,7 +23,7 @@ from . import debug, rendezvous, world
 from .config import settings
 from .monitor import Monitor
 from .process_group import BACKEND_NAME, ProcessGroupHpccomm
-from .transports import Transport
+from .transports import Transport, selection
 from .transports.topology_aware import cpu_transport
 
 _registered = False
@@ -96,8 +96,22 @@ def _world_communicator(fresh: bool) -> Any:
 
 
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
-    transports: dict[str, Transport] = {"cpu": cpu_transport(comm, global_ranks)}
+    transports = _transports_for(comm, global_ranks, timeout)
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
     return ProcessGroupHpccomm(
         comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, Monitor(comm.Dup()), checker
     )
+
+
+def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> dict[str, Transport]:
+    """The transport serving each device type in the group on ``comm`` (``HPCCOMM_TRANSPORT``). Collective."""
+    routes = selection.routes()
+    built: dict[str, Transport] = {}
+    if "mpi" in routes.values():
+        built["mpi"] = cpu_transport(comm, global_ranks)
+    if "ucc" in routes.values():
+        from .transports.ucc import UCCTransport  # loads UCC: only where it is used
+
+        # Each transport owns the communicator it is given.
+        built["ucc"] = UCCTransport.for_group(comm.Dup() if built else comm, global_ranks, timeout.total_seconds())
+    return {device: built[name] for device, name in routes.items()}

@@ -86,6 +86,8 @@ def mpi() -> "_MPI":
 
 def _import_mpi() -> "_MPI":
     global _MPI_MODULE
+    _load_transports_first()
+
     import mpi4py
 
     if "mpi4py.MPI" in sys.modules:
@@ -117,6 +119,20 @@ def _start_mpi(mpi4py: Any) -> "_MPI":
         hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI))
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     return MPI
+
+
+def _load_transports_first() -> None:
+    """Load UCC, where a device is routed to it, before MPI loads its own UCX (see hpccomm.ucc.binding)."""
+    from .transports import selection
+
+    if selection.wants_ucc():
+        from .transports import ucc
+        from .ucc import UCCUnavailableError
+
+        try:
+            ucc.prepare()
+        except UCCUnavailableError:
+            pass  # building the first group says why, with the fix
 
 
 def identity() -> Identity:

@@ -1,15 +1,17 @@
 """Failures end jobs fast and say why (raise, sys.exit(3), SIGKILL); stuck collectives time out; abort.
 
-Each case runs at 2 and 3 ranks and asserts both the time bound and the message.
+Each case runs at 2 and 3 ranks, on each transport, and asserts both the time bound and the message.
 """
 
 import pytest
 from launch import check_failed_fast, run_ranks
+from transports import ON_UCC, TRANSPORTS, needs_ucc
 
 # Every all-reduce on the node-local shared-memory path: its waits must fail the same way.
 SHM = {"HPCCOMM_SHM_MIN_BYTES": "1"}
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("nprocs", [2, 3])
 @pytest.mark.parametrize(
     "mode, evidence",
@@ -19,8 +21,8 @@ SHM = {"HPCCOMM_SHM_MIN_BYTES": "1"}
         ("sigkill", ["1"]),
     ],
 )
-def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence):
-    run = run_ranks(nprocs, "failures.py", mode, limit_s=120)
+def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence, transport):
+    run = run_ranks(nprocs, "failures.py", mode, env=transport, limit_s=120)
     check_failed_fast(run, mode, evidence)
 
 
@@ -28,7 +30,17 @@ def test_a_rank_leaving_during_a_shared_memory_all_reduce_ends_the_job_fast():
     check_failed_fast(run_ranks(3, "failures.py", "exit3", env=SHM, limit_s=120), "exit3", ["rank(s) 1 left the job"])
 
 
-@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+# Each stuck-operation case on MPI, on the shared-memory path, and on UCC.
+STUCK = [
+    pytest.param(2, {}, id="2"),
+    pytest.param(3, {}, id="3"),
+    pytest.param(3, SHM, id="3-shm"),
+    pytest.param(2, ON_UCC, id="2-ucc", marks=needs_ucc),
+    pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc),
+]
+
+
+@pytest.mark.parametrize("nprocs, env", STUCK)
 def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     timeout_s = 3.0
     run = run_ranks(nprocs, "failures.py", "skip", str(timeout_s), env=env, limit_s=120)
@@ -42,7 +54,7 @@ def test_a_skipped_collective_times_out_with_a_clear_error(nprocs, env):
     assert len(run.lines("EXITED")) == nprocs, "destroy or exit hung after the timeout"
 
 
-@pytest.mark.parametrize("nprocs, env", [(2, {}), (3, {}), (3, SHM)], ids=["2", "3", "3-shm"])
+@pytest.mark.parametrize("nprocs, env", STUCK)
 def test_abort_fails_pending_work_and_refuses_later_calls(nprocs, env):
     run = run_ranks(nprocs, "failures.py", "abort", env=env, limit_s=120)
     assert not run.timed_out and run.returncode == 0, run.output[-4000:]

@@ -1,10 +1,12 @@
-"""Subgroups, non-members, group names, destroy and init again, identity from MPI."""
+"""Subgroups, non-members, group names, destroy and init again, identity from MPI, on each transport."""
 
 import pytest
 from launch import assert_all_ranks_ok, run_ranks
+from transports import TRANSPORTS
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
-def test_groups_and_lifetime(nprocs):
-    run = run_ranks(nprocs, "groups.py")
+def test_groups_and_lifetime(nprocs, transport):
+    run = run_ranks(nprocs, "groups.py", env=transport)
     assert_all_ranks_ok(run, nprocs)

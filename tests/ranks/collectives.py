@@ -13,10 +13,12 @@ import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
 from expected import ALL, NUMEL, Op, combine, invalid_ops, inputs, same, torch_op, valid_ops, value
+from hpccomm.transports import selection
 from rankcheck import check, expect_error, run_all
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
+ON_UCC = selection.routes().get("cpu") == "ucc"
 
 # -- reductions -----------------------------------------------------------------
 
@@ -36,6 +38,17 @@ def all_reduce_every_dtype_and_op() -> None:
                     assert torch.equal(fut_value, output), f"future value is not the output ({dtype} {op})"
                     work.wait()
                 same(t, combine(op, dtype, ins), f"all_reduce {dtype} {op} async={async_op}")
+
+
+@check
+def sixteen_bit_sums_round_to_nearest_even() -> None:
+    # Rank 0 adds 1, rank 1 half a unit of the last place more than one unit, the rest 0:
+    # one rounding, wherever it happens, which torch does to nearest-even (truncating would not).
+    for dtype, tie in ((torch.bfloat16, 3 / 256), (torch.float16, 3 / 2048)):
+        t = torch.full((5,), {0: 1.0, 1: tie}.get(RANK, 0.0), dtype=dtype)
+        dist.all_reduce(t)
+        expected = torch.tensor(1.0, dtype=dtype) + torch.tensor(tie if SIZE > 1 else 0.0, dtype=dtype)
+        same(t, expected.expand(5), f"{dtype} sum")
 
 
 @check
@@ -263,7 +276,10 @@ def send_recv_tags_any_source_and_batch() -> None:
         same(a, torch.full((2,), 1.0), "tag 11")
         same(b, torch.full((2,), 2.0), "tag 22")
     # any source: rank 0 hears from everyone else, learns who sent
-    if RANK == 0:
+    if ON_UCC:
+        # UCC has no receive from any source: refused before anything is posted.
+        expect_error(ValueError, "no receive from any source", lambda: dist.recv(torch.empty(1)))
+    elif RANK == 0:
         senders = set()
         for _ in range(SIZE - 1):
             t = torch.empty(1, dtype=torch.int64)
@@ -273,6 +289,22 @@ def send_recv_tags_any_source_and_batch() -> None:
         assert senders == set(range(1, SIZE))
     else:
         dist.send(torch.tensor([RANK]), dst=0)
+    dist.barrier()
+
+
+@check
+def tags_up_to_ucc_limit() -> None:
+    # UCC keeps 15 bits of a tag: the largest passes everywhere, one more is refused on UCC only.
+    if SIZE == 1:
+        return
+    if RANK == 0:
+        dist.send(torch.full((3,), 7.0), dst=1, tag=32767)
+        if ON_UCC:
+            expect_error(ValueError, "tag=32768", lambda: dist.send(torch.ones(1), dst=1, tag=32768))
+    elif RANK == 1:
+        got = torch.empty(3)
+        dist.recv(got, src=0, tag=32767)
+        same(got, torch.full((3,), 7.0), "recv with tag 32767")
     dist.barrier()
 
 

@@ -1,0 +1,89 @@
+"""Which transport serves which device: ``HPCCOMM_TRANSPORT`` against what is installed.
+
+``auto`` (the default) routes host tensors to MPI and CUDA tensors to UCC
+once UCC's CUDA path exists (a later issue; until then CUDA tensors have no
+route). ``ucc`` forces UCC for host tensors too: testable on any machine, and
+usable where UCC's host collectives beat MPI. The choice is logged once per
+process (logger ``hpccomm``, level INFO), with UCC's version and library
+paths when UCC serves a device.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..config import settings
+
+_logger = logging.getLogger("hpccomm")
+
+#: The devices each transport can carry today.
+_SERVES = {"mpi": ("cpu",), "ucc": ("cpu",)}
+#: What ``auto`` picks per device, best first.
+_AUTO = {"cpu": ("mpi",), "cuda": ("ucc",)}
+
+_routes: dict[str, str] | None = None
+
+
+def wants_ucc() -> bool:
+    """Whether some device is routed to UCC (so UCC must be loaded before MPI starts)."""
+    return any(name == "ucc" and device in _SERVES["ucc"] for device, name in settings.transports)
+
+
+def routes() -> dict[str, str]:
+    """The transport name (``mpi``, ``ucc``) serving each device that has one.
+
+    Resolved and logged on the first call; later calls return the same.
+
+    Raises:
+        RuntimeError: ``HPCCOMM_TRANSPORT`` asks for UCC and hpccomm has no
+            usable UCC (the message says why and how to build it).
+    """
+    global _routes
+    if _routes is not None:
+        return _routes
+    chosen: dict[str, str] = {}
+    notes: list[str] = []
+    for device, wanted in settings.transports:
+        candidates = _AUTO[device] if wanted == "auto" else (wanted,)
+        name = next((c for c in candidates if device in _SERVES[c] and (wanted != "auto" or _usable(c))), None)
+        if name is None:
+            notes.append(f"{device} -> none ({_why_none(device, wanted)})")
+            continue
+        if name == "ucc":
+            _require_ucc(device)
+        chosen[device] = name
+        notes.append(f"{device} -> {name}{_details(name)}")
+    _logger.info("hpccomm transports: %s", "; ".join(notes))
+    _routes = chosen
+    return chosen
+
+
+def _usable(name: str) -> bool:
+    if name != "ucc":
+        return True
+    from ..ucc import status
+
+    return status().available
+
+
+def _require_ucc(device: str) -> None:
+    from ..ucc import status
+
+    found = status()
+    if not found.available:
+        raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {found.reason}")
+
+
+def _details(name: str) -> str:
+    if name != "ucc":
+        return ""
+    from ..ucc import status
+
+    found = status()
+    return f" (UCC {found.version}: {found.library}; UCX: {found.ucx})"
+
+
+def _why_none(device: str, wanted: str) -> str:
+    if device == "cuda" and wanted in ("auto", "ucc"):
+        return "UCC's CUDA path is not built yet"
+    return f"{wanted} does not carry {device} tensors"

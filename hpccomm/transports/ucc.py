@@ -1,0 +1,482 @@
+"""The UCC transport: tensors through UCC collectives, behind the same Work machinery as MPI.
+
+One UCC context per process, created over ``MPI_COMM_WORLD`` when the first
+group using UCC (the default group) is built, and one UCC team per group,
+created over the group's communicator (:mod:`hpccomm.ucc`). Each operation
+fills a ``ucc_coll_args_t`` and posts one request per tensor; its Pending
+polls the request, progressing the context once per poll, so blocking calls
+are driven inline, asynchronous work by the progress engine, and timeouts,
+departed peers and aborts are handled by :mod:`hpccomm.work` exactly as for
+MPI. A request UCC fails surfaces as a :class:`~hpccomm.ucc.UCCError` from
+``wait()`` (and the future).
+
+UCC has no point-to-point calls: as in PyTorch's ProcessGroupUCC, a send is a
+broadcast over an "active set" of two ranks rooted at the sender, matched by
+the user's tag (UCC keeps 15 bits of it). A receive from any source has no
+UCC equivalent and is refused.
+
+Dtype and reduction mapping, and what UCC's CPU code lacks, are in
+:mod:`hpccomm.transports.ucc_types`. Staging, premultiplying and averaging
+are shared with the MPI transport (:mod:`hpccomm.transports.staging`).
+
+Host memory only for now: every buffer description carries the transport's
+memory type, so device memory (``UCC_MEMORY_TYPE_CUDA``, with execution
+engines on CUDA streams) plugs in here later.
+
+Teardown follows UCC's order: requests are finalized as they end; a group's
+team is destroyed when the group is, unless an operation on it never
+completed (then team, requests and buffers are kept, as UCC may still write
+them); at exit, after the progress engine's drain and the goodbye to peers,
+teams still open are destroyed, then the context (collective: an
+out-of-band barrier, which gives up once a peer has left, or after
+:data:`~hpccomm.progress.DRAIN_TIMEOUT_S`), then the library. A context
+with a team kept is left to the process's end.
+"""
+
+from __future__ import annotations
+
+import atexit
+import weakref
+from collections.abc import Callable, Sequence
+from itertools import accumulate
+from typing import Any
+
+import torch
+
+from .. import failure
+from ..progress import DRAIN_TIMEOUT_S
+from ..ucc import Context, Library, Request, Team, load
+from ..world import mpi
+from . import Transport, ucc_types
+from .mpi_types import Reduction
+from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
+
+#: UCC's tag matching keeps 15 bits of a point-to-point tag.
+MAX_TAG = (1 << 15) - 1
+
+_context: Context | None = None
+_open: weakref.WeakSet[UCCTransport] = weakref.WeakSet()
+
+
+def prepare() -> None:
+    """Load UCC before MPI starts.
+
+    Called by :mod:`hpccomm.world` before it starts MPI when some device is
+    routed to UCC: UCC's UCX must be loaded before the MPI wheel's (see
+    :mod:`hpccomm.ucc.binding`).
+
+    Raises:
+        UCCUnavailableError: hpccomm was built without UCC.
+    """
+    load()
+
+
+class UCCPending:
+    """Posted UCC requests plus the local steps to run once they complete.
+
+    Args:
+        requests: the posted requests (none for an operation with no data).
+        after: steps to run, in order, once all requests completed.
+        what: the operation, for error messages.
+    """
+
+    __slots__ = ("test", "_requests", "_after", "_what")
+
+    def __init__(self, requests: list[Request], after: Sequence[Callable[[], None]], what: str) -> None:
+        self._requests = requests
+        self._after = after
+        self._what = what
+        # One request, the common case: its own test, with no loop around it.
+        self.test = requests[0].test if len(requests) == 1 else self._test_all
+
+    def _test_all(self) -> bool:
+        return all([request.test() for request in self._requests])
+
+    def finish(self) -> None:
+        for request in self._requests:
+            request.result(f"hpccomm {self._what} on UCC")
+        for step in self._after:
+            step()
+
+
+class UCCTransport(Transport):
+    """Collectives and point-to-point on one UCC team (host memory).
+
+    Build it with :meth:`for_group`, on every rank of the group at once.
+
+    Args:
+        team: the group's team.
+        comm: the group's communicator (owned: freed by :meth:`close`).
+    """
+
+    def __init__(self, team: Team, comm: Any) -> None:
+        self._team = team
+        self._comm = comm
+        self._size = team.size
+        self._rank = team.rank
+        binding = team.binding
+        self._ffi, self._lib = binding.ffi, binding.lib
+        self._mem_type = self._lib.UCC_MEMORY_TYPE_HOST
+        # Hot-path lookups held here: each attribute lookup through the binding costs.
+        self._voidp = self._ffi.typeof("void *")
+        self._cast = self._ffi.cast
+        self._new_args = self._ffi.new
+        self._args_type = self._ffi.typeof("ucc_coll_args_t *")
+        #: id(Reduction) -> (the Reduction, its prepared all-reduce args, their dst.info)
+        self._allreduce_plans: dict[int, tuple[Reduction, Any, Any]] = {}
+        _open.add(self)
+
+    @classmethod
+    def for_group(cls, comm: Any, global_ranks: Sequence[int], timeout_s: float) -> UCCTransport:
+        """The transport for the group on ``comm``. Collective over the group.
+
+        The first call in the process creates the UCC context over the whole
+        world, so it must come from a group all ranks build (the default group).
+
+        Args:
+            comm: the group's communicator (owned by the transport).
+            global_ranks: the world rank of each group rank.
+            timeout_s: how long bootstrap waits for the other ranks.
+        """
+        prepare()
+        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks))
+        return cls(team, comm)
+
+    def close(self, in_flight: bool = False) -> None:
+        if self._team is not None:
+            self._team.destroy(in_flight)
+            self._team = None
+            # Only the team's own duplicate ever carried traffic.
+            self._comm.Free()
+            self._comm = None
+
+    # -- building arguments ------------------------------------------------
+
+    def _args(self, coll_type: int, flags: int = 0) -> Any:
+        args = self._new_args(self._args_type)
+        args.coll_type = coll_type
+        if flags:
+            args.mask = self._lib.UCC_COLL_ARGS_FIELD_FLAGS
+            args.flags = flags
+        return args
+
+    def _info(self, info: Any, tensor: torch.Tensor, dtype: int | None = None) -> None:
+        """Describe a contiguous tensor in a ``ucc_coll_buffer_info_t``."""
+        info.buffer = self._cast(self._voidp, tensor.data_ptr())
+        info.count = tensor.numel()
+        info.datatype = ucc_types.datatype(self._lib, tensor.dtype) if dtype is None else dtype
+        info.mem_type = self._mem_type
+
+    def _info_v(self, info_v: Any, tensor: torch.Tensor, counts: Sequence[int]) -> tuple[Any, Any]:
+        """Describe a contiguous tensor cut into ``counts`` in a ``ucc_coll_buffer_info_v_t``.
+
+        Returns:
+            the count and displacement arrays, which must outlive the request.
+        """
+        ffi = self._ffi
+        count_array = ffi.new("ucc_count_t[]", list(counts))
+        displacements = ffi.new("ucc_aint_t[]", [0, *accumulate(counts)][:-1])
+        info_v.buffer = self._cast(self._voidp, tensor.data_ptr())
+        info_v.counts = count_array
+        info_v.displacements = displacements
+        info_v.datatype = ucc_types.datatype(self._lib, tensor.dtype)
+        info_v.mem_type = self._mem_type
+        return count_array, displacements
+
+    def _vector_flags(self) -> int:
+        lib = self._lib
+        return lib.UCC_COLL_ARGS_FLAG_COUNT_64BIT | lib.UCC_COLL_ARGS_FLAG_DISPLACEMENTS_64BIT
+
+    def _post(self, args: Any, keep: Any) -> Request:
+        return self._team.post(args, keep)
+
+    def _reduction(self, op_name: str, reduction: Reduction, dtype: torch.dtype) -> ucc_types.UCCReduction:
+        return ucc_types.reduction(self._lib, op_name, reduction, dtype)
+
+    def _reducible(self, tensor: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
+        """The contiguous tensor UCC reduces in place for ``tensor``; ``after`` gets the copies back.
+
+        A non-contiguous tensor goes through a stand-in, a 16-bit float through
+        a float32 copy; PREMUL_SUM multiplies it, AVG on integers divides it
+        afterwards.
+        """
+        work = staged(tensor, after)
+        steps: After = []
+        if red.widen_to is not None:
+            wide = work.to(red.widen_to)
+            steps.append(_copier(work, wide))
+            work = wide
+        premultiplied(work, red, in_place=True)
+        after[:0] = [*averager(work, red, self._size), *steps]
+        return work
+
+    # -- element-wise collectives ------------------------------------------
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
+        if len(tensors) == 1:
+            plan = self._allreduce_plans.get(id(reduction))
+            tensor = tensors[0]
+            if plan is not None and plan[0] is reduction and tensor.is_contiguous() and tensor.numel():
+                info = plan[2]
+                info.buffer = self._cast(self._voidp, tensor.data_ptr())
+                info.count = tensor.numel()
+                return UCCPending([self._team.post(plan[1], tensor)], (), "all_reduce")
+        requests: list[Request] = []
+        after: After = []
+        for tensor in tensors:
+            red = self._reduction("all_reduce", reduction, tensor.dtype)
+            work = self._reducible(tensor, red, after)
+            if work.numel():
+                args = self._allreduce_args(red)
+                self._info(args.dst.info, work, red.datatype)
+                requests.append(self._post(args, work))
+            if len(tensors) == 1 and red.widen_to is None and not red.divide_by_size and red.premul_factor is None:
+                self._plan_allreduce(reduction, red)
+        return UCCPending(requests, after, "all_reduce")
+
+    def _allreduce_args(self, red: ucc_types.UCCReduction) -> Any:
+        args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
+        args.op = red.op
+        return args
+
+    def _plan_allreduce(self, reduction: Reduction, red: ucc_types.UCCReduction) -> None:
+        """Keep filled all-reduce args for ``reduction``: later calls set only the buffer and count."""
+        args = self._allreduce_args(red)
+        info = args.dst.info
+        info.datatype = red.datatype
+        info.mem_type = self._mem_type
+        self._allreduce_plans[id(reduction)] = (reduction, args, info)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> UCCPending:
+        after: After = []
+        work = staged(tensor, after)
+        if not work.numel():
+            return UCCPending([], after, "broadcast")
+        args = self._args(self._lib.UCC_COLL_TYPE_BCAST)
+        args.root = root
+        self._info(args.src.info, work)
+        return UCCPending([self._post(args, work)], after, "broadcast")
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> UCCPending:
+        red = self._reduction("reduce", reduction, tensor.dtype)
+        after: After = []
+        if self._rank == root:
+            work = self._reducible(tensor, red, after)
+            args = self._args(self._lib.UCC_COLL_TYPE_REDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
+            self._info(args.dst.info, work, red.datatype)
+        else:
+            # Only the root's tensor changes: send from a copy when it must change.
+            work = tensor.contiguous() if red.widen_to is None else tensor.to(red.widen_to)
+            work = premultiplied(work, red, in_place=work is not tensor)
+            args = self._args(self._lib.UCC_COLL_TYPE_REDUCE)
+            self._info(args.src.info, work, red.datatype)
+        if not work.numel():
+            return UCCPending([], after, "reduce")
+        args.root = root
+        args.op = red.op
+        return UCCPending([self._post(args, work)], after, "reduce")
+
+    # -- gathers and scatters ---------------------------------------------
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> UCCPending:
+        counts = [out.numel() for out in outputs]
+        send = tensor.contiguous()
+        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHERV, self._vector_flags())
+        self._info(args.src.info, send)
+        arrays = self._info_v(args.dst.info_v, flat, counts)
+        request = self._post(args, (send, flat, arrays))
+        return UCCPending([request], [scatter_back(flat, outputs)], "all_gather")
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> UCCPending:
+        after: After = []
+        recv = staged(output, after, copy_in=False)
+        if not recv.numel():
+            return UCCPending([], after, "all_gather_into_tensor")
+        send = tensor.contiguous()
+        if send.data_ptr() == recv.data_ptr() + self._rank * send.nbytes:
+            # In place, as FSDP2 calls it: the input is this rank's slot of the output.
+            args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHER, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
+        else:
+            send = unaliased(send, recv)
+            args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHER)
+            self._info(args.src.info, send)
+        self._info(args.dst.info, recv)
+        return UCCPending([self._post(args, (send, recv))], after, "all_gather_into_tensor")
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> UCCPending:
+        send = tensor.contiguous()
+        args = self._args(self._lib.UCC_COLL_TYPE_GATHERV, self._vector_flags())
+        args.root = root
+        self._info(args.src.info, send)
+        if outputs is None:
+            return UCCPending([self._post(args, send)], (), "gather")
+        counts = [out.numel() for out in outputs]
+        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        arrays = self._info_v(args.dst.info_v, flat, counts)
+        request = self._post(args, (send, flat, arrays))
+        return UCCPending([request], [scatter_back(flat, outputs)], "gather")
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> UCCPending:
+        # UCC's tl/ucp has no plain SCATTER: SCATTERV with equal counts.
+        after: After = []
+        recv = staged(output, after, copy_in=False)
+        args = self._args(self._lib.UCC_COLL_TYPE_SCATTERV, self._vector_flags())
+        args.root = root
+        self._info(args.dst.info, recv)
+        keep: tuple[Any, ...] = (recv,)
+        if inputs is not None:
+            flat = concat(inputs, output.dtype)
+            keep = (recv, flat, self._info_v(args.src.info_v, flat, [t.numel() for t in inputs]))
+        return UCCPending([self._post(args, keep)], after, "scatter")
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
+        red = self._reduction("reduce_scatter", reduction, output.dtype)
+        counts = [t.numel() for t in inputs]
+        send = concat(inputs, output.dtype)
+        if red.widen_to is not None:
+            send = send.to(red.widen_to)
+        premultiplied(send, red, in_place=True)
+        after: After = []
+        recv = self._reduce_target(output, red, after)
+        args = self._args(self._lib.UCC_COLL_TYPE_REDUCE_SCATTERV, self._vector_flags())
+        args.op = red.op
+        self._info(args.src.info, send, red.datatype)
+        arrays = self._info_v(args.dst.info_v, recv, counts)
+        args.dst.info_v.datatype = red.datatype
+        return UCCPending([self._post(args, (send, recv, arrays))], after, "reduce_scatter")
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> UCCPending:
+        red = self._reduction("reduce_scatter_tensor", reduction, tensor.dtype)
+        after: After = []
+        recv = self._reduce_target(output, red, after)
+        if not recv.numel():
+            return UCCPending([], after, "reduce_scatter_tensor")
+        send = tensor.contiguous() if red.widen_to is None else tensor.to(red.widen_to)
+        send = unaliased(premultiplied(send, red, in_place=send is not tensor), recv)
+        args = self._args(self._lib.UCC_COLL_TYPE_REDUCE_SCATTER)
+        args.op = red.op
+        self._info(args.src.info, send, red.datatype)
+        self._info(args.dst.info, recv, red.datatype)
+        return UCCPending([self._post(args, (send, recv))], after, "reduce_scatter_tensor")
+
+    def _reduce_target(self, output: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
+        """Where UCC writes a reduction meant for ``output``; ``after`` gets the copies back."""
+        recv = staged(output, after, copy_in=False)
+        steps: After = []
+        if red.widen_to is not None:
+            wide = torch.empty(recv.shape, dtype=red.widen_to)
+            steps.append(_copier(recv, wide))
+            recv = wide
+        after[:0] = [*averager(recv, red, self._size), *steps]
+        return recv
+
+    # -- all-to-all ---------------------------------------------------------
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> UCCPending:
+        dtype = outputs[0].dtype
+        send = concat(inputs, dtype)
+        recv_counts = [t.numel() for t in outputs]
+        flat = torch.empty(sum(recv_counts), dtype=dtype)
+        request = self._alltoallv(send, [t.numel() for t in inputs], flat, recv_counts)
+        return UCCPending([request], [scatter_back(flat, outputs)], "all_to_all")
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> UCCPending:
+        after: After = []
+        recv = staged(output, after, copy_in=False)
+        send = unaliased(tensor.contiguous(), recv)
+        return UCCPending([self._alltoallv(send, input_counts, recv, output_counts)], after, "all_to_all_single")
+
+    def _alltoallv(
+        self, send: torch.Tensor, send_counts: Sequence[int], recv: torch.Tensor, recv_counts: Sequence[int]
+    ) -> Request:
+        args = self._args(self._lib.UCC_COLL_TYPE_ALLTOALLV, self._vector_flags())
+        sent = self._info_v(args.src.info_v, send, send_counts)
+        received = self._info_v(args.dst.info_v, recv, recv_counts)
+        return self._post(args, (send, recv, sent, received))
+
+    # -- synchronisation and point-to-point ---------------------------------
+
+    def barrier(self) -> UCCPending:
+        return UCCPending([self._post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> UCCPending:
+        send = tensor.contiguous()
+        return self._pair("send", send, self._rank, peer, tag, ())
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> UCCPending:
+        if peer is None:
+            raise ValueError(
+                "hpccomm recv: UCC has no receive from any source; name the source rank, "
+                "or route host tensors to MPI (HPCCOMM_TRANSPORT=cpu:mpi)"
+            )
+        after: After = []
+        recv = staged(tensor, after, copy_in=False)
+        return self._pair("recv", recv, peer, self._rank, tag, after)
+
+    def _pair(self, op_name: str, tensor: torch.Tensor, root: int, other: int, tag: int, after: After) -> UCCPending:
+        """A point-to-point message: a broadcast from ``root`` over the active set {root, other}."""
+        if not 0 <= tag <= MAX_TAG:
+            raise ValueError(f"hpccomm {op_name}: tag={tag} does not fit UCC's tags (0 to {MAX_TAG})")
+        if root == other:
+            raise ValueError(f"hpccomm {op_name}: UCC cannot send from rank {root} to itself")
+        if not tensor.numel():
+            return UCCPending([], after, op_name)
+        lib = self._lib
+        args = self._args(lib.UCC_COLL_TYPE_BCAST)
+        args.mask |= lib.UCC_COLL_ARGS_FIELD_ACTIVE_SET | lib.UCC_COLL_ARGS_FIELD_TAG
+        args.root = root
+        args.tag = tag
+        args.active_set.start = root
+        args.active_set.stride = other - root
+        args.active_set.size = 2
+        self._info(args.src.info, tensor)
+        return UCCPending([self._post(args, tensor)], after, op_name)
+
+
+def _copier(target: torch.Tensor, source: torch.Tensor) -> Callable[[], None]:
+    """A step that copies ``source`` into ``target`` (rounding to its dtype)."""
+    return lambda: target.copy_(source)
+
+
+def _world_context(comm: Any, timeout_s: float) -> Context:
+    """The process's context over MPI_COMM_WORLD, created by the first group that needs it.
+
+    Raises:
+        RuntimeError: that group is not the whole world (only its members
+            would reach the collective creation).
+    """
+    global _context
+    if _context is None:
+        world = mpi().COMM_WORLD
+        if comm.Get_size() != world.Get_size():
+            raise RuntimeError("hpccomm: the first group on UCC must span every rank (the default group)")
+        _context = Context(world, timeout_s, _departure_check(range(world.Get_size())), Library.instance())
+        # The context's teardown waits for the other ranks: after the goodbye
+        # (so a rank that leaves early does not hold up the others) and while
+        # ranks that leave are still noticed. The progress engine's drain,
+        # registered later with atexit, runs before either.
+        if not failure.after_goodbye(_at_exit):
+            atexit.register(_at_exit)
+    return _context
+
+
+def _departure_check(global_ranks: Sequence[int]) -> Callable[[], str | None]:
+    """Why bootstrap among ``global_ranks`` should stop waiting: a rank that left, or None."""
+    ranks = tuple(global_ranks)
+
+    def check() -> str | None:
+        gone = failure.departed(ranks)
+        return f"rank(s) {', '.join(map(str, gone))} left the job" if gone else None
+
+    return check
+
+
+def _at_exit() -> None:
+    """Tear down what is left, in UCC's order: teams, the context, the library."""
+    for transport in list(_open):
+        transport.close()
+    if _context is not None and _context.destroy(DRAIN_TIMEOUT_S):
+        _context.library.finalize()

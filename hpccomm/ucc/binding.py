@@ -1,0 +1,127 @@
+"""Loading the compiled UCC binding (``hpccomm._ucc``) and saying what was loaded.
+
+The binding is built only where UCC was found at install time (see
+``cffi_build/extensions.py``). Loading it loads ``libucc`` and, through
+libucc's run path, the UCX it was built against.
+
+UCX is loaded once per process, by file name (``libucp.so.0``...), so the
+first copy wins. The MPI wheels bundle their own, older UCX and link
+``libmpi`` against it. If libucc came first and pulled in only UCX's base
+library (the rest arrives with UCC's transport plugins), libmpi would then
+load the other UCX libraries from its own copy on top of UCC's base: a mix
+that fails with undefined symbols. So when nothing has loaded UCX yet, all of
+UCC's UCX is loaded here at once, and MPI, started after, uses it too (UCX
+keeps its ABI for older callers). hpccomm loads the binding before it starts
+MPI whenever some device is routed to UCC; a program that started MPI first
+gets MPI's UCX under UCC (UCX then warns that it is older than UCC expects).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, NamedTuple
+
+_UCX_LIBRARIES = ("libucm.so.0", "libucs.so.0", "libuct.so.0", "libucp.so.0")
+
+#: Why UCC is missing from an installation built without it.
+BUILT_WITHOUT_UCC = (
+    "hpccomm was built without UCC: set UCC_HOME to a UCC installation (or make `pkg-config ucc` "
+    "find it) and reinstall hpccomm; see the README's UCC section"
+)
+
+_binding: Any = None
+_absent: str | None = None
+#: UCX libraries loaded here; held so they stay loaded.
+_ucx_handles: list[ctypes.CDLL] = []
+
+
+class UCCUnavailableError(RuntimeError):
+    """hpccomm was installed without the UCC binding, or it cannot be loaded."""
+
+
+class UCCStatus(NamedTuple):
+    """Whether UCC can be used in this process, and which one.
+
+    Attributes:
+        available: the binding is built and loads.
+        version: UCC's version string (e.g. ``1.8.0``), or None.
+        library: the path of the ``libucc`` loaded, or None.
+        ucx: the path of the ``libucp`` (UCX) loaded, or None.
+        reason: why UCC is not available, or None.
+    """
+
+    available: bool
+    version: str | None
+    library: str | None
+    ucx: str | None
+    reason: str | None
+
+
+def load() -> Any:
+    """The binding module (``.ffi``, ``.lib``), loaded once.
+
+    Raises:
+        UCCUnavailableError: the package was built without UCC, or the
+            binding does not load (the message says how to fix it).
+    """
+    global _binding, _absent
+    if _binding is not None:
+        return _binding
+    if _absent is not None:
+        raise UCCUnavailableError(_absent)
+    try:
+        from .. import _ucc
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "hpccomm._ucc":
+            _absent = BUILT_WITHOUT_UCC
+        else:
+            _absent = f"hpccomm's UCC binding does not load: {exc}"
+        raise UCCUnavailableError(_absent) from None
+    _load_all_of_ucx()
+    _binding = _ucc
+    return _binding
+
+
+def _load_all_of_ucx() -> None:
+    """Load the rest of the UCX that libucc pulled in, before anything loads another."""
+    if _mapped("libucp.so") is not None:
+        return  # already loaded (by MPI, or by us): that copy is the process's UCX
+    base = _mapped("libucs.so")
+    if base is None:
+        return
+    directory = os.path.dirname(base)
+    for name in _UCX_LIBRARIES:
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            _ucx_handles.append(ctypes.CDLL(path))
+
+
+def _mapped(fragment: str) -> str | None:
+    """The path of a loaded shared library whose file name contains ``fragment``."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(" ")[-1]
+                if os.path.basename(path).startswith(fragment):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def built() -> bool:
+    """Whether this installation carries the binding (without loading it)."""
+    from importlib.util import find_spec
+
+    return find_spec("hpccomm._ucc") is not None
+
+
+def status() -> UCCStatus:
+    """Whether UCC is usable here: version and library paths, or why not. Loads the binding."""
+    try:
+        binding = load()
+    except UCCUnavailableError as exc:
+        return UCCStatus(False, None, None, None, str(exc))
+    version = binding.ffi.string(binding.lib.ucc_get_version_string()).decode()
+    return UCCStatus(True, version, _mapped("libucc.so"), _mapped("libucp.so"), None)

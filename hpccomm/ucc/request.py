@@ -1,0 +1,70 @@
+"""A collective request's life: init and post, poll until it ends, finalize.
+
+:class:`Request` starts with ``ucc_collective_init`` then
+``ucc_collective_post`` (UCC 1.8 does not implement the combined
+``ucc_collective_init_and_post``) in one C call, and each :meth:`Request.test`
+progresses the context once and reads the request's status, finalizing the
+request in the same C call once it has ended (``cffi_build/ucc.c``). An error
+status becomes a :class:`~hpccomm.ucc.errors.UCCError` from :meth:`Request.result`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import UCCError, check, describe
+
+if TYPE_CHECKING:
+    from .team import Team
+
+
+class Request:
+    """One posted collective on a team. Made by :meth:`Team.post`.
+
+    Attributes:
+        status: UCC_INPROGRESS until the request ends, then UCC_OK or an
+            error status.
+    """
+
+    __slots__ = ("_team", "_handle", "_keep", "status", "_lib", "_lock", "_context")
+
+    def __init__(self, team: Team, args: Any, keep: Any) -> None:
+        binding = team.binding
+        lib = binding.lib
+        cell = binding.ffi.new("ucc_coll_req_h *")
+        with team.context.lock:
+            status = lib.hpccomm_ucc_start(team.handle, args, cell)
+        check(binding, status, "ucc_collective_init/post")
+        self._team = team
+        self._handle = cell[0]
+        self._keep = keep
+        self._lib = lib
+        self._lock = team.context.lock
+        self._context = team.context.handle
+        self.status = lib.UCC_INPROGRESS
+
+    def test(self) -> bool:
+        """Progress once; True once the request has ended (successfully or not)."""
+        if self._handle is None:
+            return True
+        with self._lock:
+            status = self._lib.hpccomm_ucc_poll(self._context, self._handle)
+        if status == self._lib.UCC_INPROGRESS:
+            return False
+        # Ended, and finalized by the poll: UCC no longer touches the buffers.
+        self.status = status
+        self._handle = None
+        self._keep = None
+        self._team.live.discard(self)
+        return True
+
+    def result(self, what: str = "collective") -> None:
+        """Raise :class:`UCCError` if the request ended with an error.
+
+        Args:
+            what: the operation, for the message.
+        """
+        if self.status != self._lib.UCC_OK:
+            if self.status == self._lib.UCC_INPROGRESS:
+                raise RuntimeError(f"{what}: the UCC request has not ended")
+            raise UCCError(self.status, f"{what}: {describe(self._team.binding, self.status)}")

@@ -1,0 +1,126 @@
+"""A UCC team: the ranks of one group, on a context; collectives are posted on it.
+
+Creating a team is collective over its ranks (an MPI communicator, whose
+ranks bootstrap through the out-of-band allgather); its ranks may be any
+subset of the context's. Destroying it is local. A team keeps track of its
+posted requests: one that is still in flight when the team ends (its
+operation timed out, or its group was aborted) may still be written to by
+UCC, so the team, its requests and their buffers are then kept, never freed,
+until the process ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .context import Context
+from .errors import UCCError, check, describe
+from .oob import OutOfBand
+from .request import Request
+
+#: Teams that ended with requests in flight: kept alive, with what UCC may still touch.
+_kept: list[Team] = []
+
+
+class Team:
+    """A UCC team over the ranks of an MPI communicator, on ``context``. Collective.
+
+    Args:
+        context: the context (created over these ranks or a superset).
+        comm: the team's ranks; a rank's team rank is its rank in ``comm``.
+        timeout_s: how long creation waits for the other ranks.
+        abandoned: asked while creation waits; returns why to give up, or None.
+
+    Raises:
+        UCCError: creation failed (a team whose creation failed half-way
+            cannot be destroyed by UCC: it is kept).
+    """
+
+    def __init__(
+        self, context: Context, comm: Any, timeout_s: float, abandoned: Callable[[], str | None] | None = None
+    ) -> None:
+        self.context = context
+        self.binding = context.binding
+        self.size = comm.Get_size()
+        self.rank = comm.Get_rank()
+        #: Posted requests that have not ended yet.
+        self.live: set[Request] = set()
+        ffi, lib = self.binding.ffi, self.binding.lib
+        self._oob = OutOfBand(comm, abandoned)
+        self._oob.deadline = time.monotonic() + timeout_s
+        params = ffi.new("ucc_team_params_t *")
+        params.mask = lib.UCC_TEAM_PARAM_FIELD_EP | lib.UCC_TEAM_PARAM_FIELD_EP_RANGE | lib.UCC_TEAM_PARAM_FIELD_OOB
+        params.ep = self.rank
+        params.ep_range = lib.UCC_COLLECTIVE_EP_RANGE_CONTIG
+        self._oob.fill(params.oob)
+        handle = ffi.new("ucc_team_h *")
+        context_handle = ffi.new("ucc_context_h *", context.handle)
+        with context.lock:
+            status = lib.ucc_team_create_post(context_handle, 1, params, handle)
+        if status != lib.UCC_OK:
+            self._oob.close()
+            raise UCCError(status, f"ucc_team_create_post: {describe(self.binding, status)}")
+        self.handle: Any = handle[0]
+        status = self._wait_created()
+        if status != lib.UCC_OK:
+            why = f" ({self._oob.failure})" if self._oob.failure else ""
+            _kept.append(self)
+            raise UCCError(status, f"ucc_team_create_test: {describe(self.binding, status)}{why}")
+        self._oob.deadline = None
+        context.teams.add(self)
+
+    def _wait_created(self) -> int:
+        lib = self.binding.lib
+        lock, context = self.context.lock, self.context.handle
+        while True:
+            # The lock is let go between polls: other groups' work progresses meanwhile.
+            with lock:
+                status = lib.ucc_team_create_test(self.handle)
+                if status != lib.UCC_INPROGRESS:
+                    return status
+                lib.ucc_context_progress(context)
+
+    def post(self, args: Any, keep: Any = None) -> Request:
+        """Initialise and post a collective.
+
+        Args:
+            args: a filled ``ucc_coll_args_t *`` (UCC copies it: reusable at once).
+            keep: what UCC reads or writes until the request ends (tensors,
+                count arrays); held by the request.
+
+        Raises:
+            UCCError: UCC refused the collective; nothing is left posted.
+        """
+        request = Request(self, args, keep)
+        self.live.add(request)
+        return request
+
+    def destroy(self, in_flight: bool = False) -> bool:
+        """``ucc_team_destroy`` (local); True if the team was destroyed.
+
+        Args:
+            in_flight: some operation on the team ended without completing,
+                so UCC may still work on it: keep the team (and its requests)
+                instead of destroying it.
+        """
+        if self.handle is None:
+            return True
+        if in_flight or self.live:
+            _kept.append(self)
+            self.handle = None
+            return False
+        lib = self.binding.lib
+        lock, context = self.context.lock, self.context.handle
+        while True:
+            with lock:
+                status = lib.ucc_team_destroy(self.handle)
+                if status != lib.UCC_INPROGRESS:
+                    break
+                lib.ucc_context_progress(context)
+        self.handle = None
+        self.context.teams.discard(self)
+        self._oob.close()
+        check(self.binding, status, "ucc_team_destroy")
+        return True

@@ -1,0 +1,26 @@
+"""UCC: the binding on its own, and what is particular to the UCC transport.
+
+The every-collective checker, subgroups, failures and exit also run on UCC,
+through the ``transport`` parameter of their own tests (tests/transports.py).
+Everything here skips, saying why, where hpccomm was built without UCC.
+"""
+
+import pytest
+from launch import assert_all_ranks_ok, run_ranks
+from transports import ON_UCC, needs_ucc
+
+pytestmark = needs_ucc
+
+
+@pytest.mark.parametrize("nprocs", [1, 2, 3, 4])
+def test_binding_on_its_own(nprocs):
+    """Context, teams (world and a subgroup), all-reduce and UCC's errors without torch.distributed."""
+    run = run_ranks(nprocs, "ucc_binding.py")
+    assert_all_ranks_ok(run, nprocs)
+    assert len(run.lines("TORN DOWN")) == nprocs, run.output[-4000:]
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_ucc_transport_specifics(nprocs):
+    run = run_ranks(nprocs, "ucc_transport.py", env=ON_UCC)
+    assert_all_ranks_ok(run, nprocs)

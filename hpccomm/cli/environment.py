@@ -95,7 +95,7 @@ def shared_memory() -> dict[str, Any]:
     elif not enabled:
         why = "turned off (HPCCOMM_SHM_SLOT_BYTES=0)"
     else:
-        why = "all-reduces of groups whose ranks share a node"
+        why = "collectives of groups whose ranks share a node; node-local stages across nodes"
     return {
         "built": built,
         "enabled": enabled,
@@ -126,25 +126,18 @@ def half_kernels() -> dict[str, Any]:
 
 
 def ucc() -> dict[str, Any]:
-    """The UCC transport (CUDA tensors): its version, or why it is absent.
+    """The UCC binding: its version and library, or why it is absent (:func:`hpccomm.ucc.status`)."""
+    from .. import ucc as ucc_package
 
-    Looks for ``hpccomm.ucc``; where it exists, its ``version()`` (or
-    ``__version__``) names the UCC library it loaded and its
-    ``unavailable_reason()`` (if any) why it cannot run here.
-    """
-    try:
-        module = importlib.import_module("hpccomm.ucc")
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name.startswith("hpccomm.ucc"):
-            return {"available": False, "detail": "not built in this installation"}
-        return {"available": False, "detail": f"cannot load: {exc}"}
-    except ImportError as exc:  # present, but its library failed to load
-        return {"available": False, "detail": f"cannot load: {exc}"}
-    reason = getattr(module, "unavailable_reason", None)
-    why = reason() if callable(reason) else None
-    version = getattr(module, "version", None)
-    version = version() if callable(version) else getattr(module, "__version__", None)
-    return {"available": why is None, "detail": why or "loaded", "version": version}
+    found = ucc_package.status()
+    if not found.available:
+        return {"available": False, "detail": found.reason, "version": None}
+    return {"available": True, "detail": f"{found.library} (UCX: {found.ucx})", "version": found.version}
+
+
+def transports() -> dict[str, Any]:
+    """Which transport ``HPCCOMM_TRANSPORT`` asks for per device, and the topology-aware setting."""
+    return {"requested": dict(settings.transports), "algo": settings.algo}
 
 
 def cuda() -> dict[str, Any]:
@@ -157,15 +150,21 @@ def cuda() -> dict[str, Any]:
     return {"available": True, "detail": f"CUDA {torch.version.cuda}", "devices": names}
 
 
+#: Config fields whose variable is not HPCCOMM_<FIELD>.
+_VARIABLE_OF_FIELD = {"transports": "HPCCOMM_TRANSPORT"}
+
+
 def knobs() -> list[dict[str, str]]:
     """Every hpccomm setting: each Config field with its value and whether the environment set it,
     then any other ``HPCCOMM_*`` variable present (flagged if hpccomm does not read it)."""
     rows = []
     known = set()
     for item in fields(Config):
-        variable = f"HPCCOMM_{item.name.upper()}"
+        variable = _VARIABLE_OF_FIELD.get(item.name, f"HPCCOMM_{item.name.upper()}")
         known.add(variable)
         value = getattr(settings, item.name)
+        if item.name == "transports":
+            value = ",".join(f"{device}:{name}" for device, name in value)
         source = "environment" if os.environ.get(variable, "") != "" else "default"
         rows.append({"variable": variable, "value": str(value), "source": source})
     for variable in sorted(os.environ):
@@ -254,6 +253,7 @@ def describe(comm: Any) -> dict[str, Any]:
         "shared_memory": shared_memory(),
         "half_kernels": half_kernels(),
         "ucc": ucc(),
+        "transports": transports(),
         "cuda": cuda(),
         "knobs": knobs(),
         "launcher": launcher_in_use(),

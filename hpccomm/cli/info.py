@@ -51,8 +51,11 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
     """Which code paths are active: shared memory, 16-bit kernels, UCC, CUDA."""
     shm, half, ucc, cuda, cpu = env.shared_memory(), env.half_kernels(), env.ucc(), env.cuda(), env.cpu()
     lines = [
-        f"shared-memory all-reduce  {'on' if shm['enabled'] else 'off'}: {shm['detail']}"
-        + (f", from {shm['min_bytes']} B, {shm['slot_bytes']} B per rank's slot" if shm["enabled"] else ""),
+        f"shared memory             {'on' if shm['enabled'] else 'off'}: {shm['detail']}"
+        + (f"; {shm['slot_bytes']} B per rank's slot, from " if shm["enabled"] else "")
+        + (("every collective's measured threshold" if shm["min_bytes"] is None else f"{shm['min_bytes']} B")
+           if shm["enabled"] else ""),
+        f"{'topology-aware paths':25s} HPCCOMM_ALGO={env.transports()['algo']}",
     ]
     for dtype, info in half["dtypes"].items():
         features = ", ".join(info["cpu_features"]) or "none"
@@ -68,8 +71,9 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
     version = f" {ucc['version']}" if ucc.get("version") else ""
     lines.append(f"{'UCC' + version:25s} {'available' if ucc['available'] else 'absent'}: {ucc['detail']}")
     devices = f": {', '.join(cuda['devices'])}" if cuda["devices"] else ""
-    route = "UCC" if ucc["available"] else "none (needs UCC)"
-    lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}; hpccomm route for CUDA tensors: {route}")
+    requested = ", ".join(f"{device}: {name}" for device, name in env.transports()["requested"].items())
+    lines.append(f"{'HPCCOMM_TRANSPORT':25s} {requested} (CPU auto: MPI; UCC serves host tensors when asked)")
+    lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}; hpccomm route for CUDA tensors: none yet (UCC's CUDA path is not built)")
     return lines
 
 

@@ -70,13 +70,15 @@ def load() -> Any:
         return _binding
     if _absent is not None:
         raise UCCUnavailableError(_absent)
+    if not built():
+        # Checked first: `from .. import _ucc` of a missing module reads as a
+        # failed load ("cannot import name"), not as an installation without UCC.
+        _absent = BUILT_WITHOUT_UCC
+        raise UCCUnavailableError(_absent)
     try:
         from .. import _ucc
     except ImportError as exc:
-        if isinstance(exc, ModuleNotFoundError) and exc.name == "hpccomm._ucc":
-            _absent = BUILT_WITHOUT_UCC
-        else:
-            _absent = f"hpccomm's UCC binding does not load: {exc}"
+        _absent = f"hpccomm's UCC binding does not load: {exc}"
         raise UCCUnavailableError(_absent) from None
     _load_all_of_ucx()
     _binding = _ucc

@@ -24,18 +24,23 @@ from pathlib import Path
 
 import pytest
 from launch import DEFAULT_LIMIT_S, RankRun, run_launcher
+from mpi_library import shared_memory_btl
 
 from hpccomm_run import find_launcher, mpi_flavour, mpi_library
 
 AGENT = Path(__file__).parent / "nodes_agent.sh"
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-#: Between nodes MPI needs TCP; skip Open MPI's slow probing of UCX and OFI.
-OPENMPI_ENV = {
-    "OMPI_MCA_btl": "self,sm,tcp",
-    "OMPI_MCA_pml": "ob1",
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-}
+
+
+def openmpi_env() -> dict[str, str]:
+    """Between nodes MPI needs TCP; skip Open MPI's slow probing of UCX and OFI. The
+    shared-memory BTL goes by the name this library lists ('vader' in 4.x, 'sm' in 5)."""
+    return {
+        "OMPI_MCA_btl": f"self,{shared_memory_btl()},tcp",
+        "OMPI_MCA_pml": "ob1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    }
 
 
 @dataclass
@@ -85,7 +90,7 @@ def run_on_nodes(
             launcher = _launcher(hosts, per_node, round_robin)
             run_env = {**(env or {}), "HPCCOMM_TEST_NODES": state}
             if mpi_flavour() == "openmpi":
-                run_env = {**OPENMPI_ENV, **run_env}
+                run_env = {**openmpi_env(), **run_env}
             run = run_launcher(launcher, script, *args, env=run_env, limit_s=limit_s)
             leftovers = {host: sorted(os.listdir(f"/proc/{pid.pid}/root/dev/shm")) for host, pid in zip(hosts, holders)}
         finally:

@@ -161,7 +161,10 @@ def test_ctrl_c_stops_with_what_was_measured(tmp_path):
     if "# stopped by" in output:
         rows = json.loads(result.read_text())["rows"]
         assert rows and all(r["iterations"] > 0 for r in rows if r["time_us"]), rows
-        assert _table(output, "all_reduce")[1], output[-4000:]
+        # A measured row (it starts with its size): Open MPI 4.1's mpirun once passed on the row
+        # but not the column headings printed before it, so the rows are not found by position.
+        measured = [line for line in output.splitlines() if line.split() and line.split()[0].isdigit()]
+        assert measured, output[-4000:]
 
 
 def test_bench_refuses_bad_arguments_before_communicating():

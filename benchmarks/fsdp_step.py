@@ -51,7 +51,7 @@ def main() -> None:
     flat = groups["flat"]._cpu_transport
     flat.selector = Selector(flat.path, algo="flat")
     models = {name: build(args.width, args.layers, group) for name, group in groups.items()}
-    params = sum(p.numel() for p in models["auto"][0].parameters()) * size
+    params = sum(p.numel() for p in models["auto"][0].parameters())  # DTensors: global numel
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
 
     def step(name: str) -> float:

@@ -15,7 +15,7 @@ ucc.load()  # before MPI starts: UCC's UCX, not the MPI wheel's, becomes the pro
 
 import numpy as np
 from mpi4py import MPI
-from rankcheck import check, expect_error, run_all
+from rankcheck import check, expect_error, run_all, say
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -111,4 +111,4 @@ run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
 assert team.destroy()
 assert context.destroy(TIMEOUT_S)
 assert context.library.finalize()
-print(f"TORN DOWN rank={RANK}", flush=True)
+say(f"TORN DOWN rank={RANK}")  # one write: MPICH's hydra joined three print()s on one line

@@ -153,7 +153,9 @@ def test_ctrl_c_stops_with_what_was_measured(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     output = seen + output
-    assert proc.returncode != 0, output
+    # The ranks exit 130; what the launcher makes of that after its own Ctrl-C is its business:
+    # MPICH 4.0.2's hydra once returned 0 (and non-zero in another run of the same test).
+    assert proc.returncode != 0 or "# stopped by SIGINT" in output, output
     record = json.loads(result.read_text())  # written by rank 0 as the first signal arrived
     assert record["interrupted"] in ("SIGINT", "SIGTERM"), record["interrupted"]
     # Open MPI's mpirun turns Ctrl-C into SIGTERM and kills the ranks 0.25 s later, which can be

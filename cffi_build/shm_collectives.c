@@ -354,22 +354,23 @@ int hpccomm_shm_progress(hpccomm_shm_op *op, int polls) {
 #define BOR(a, b) ((a) | (b))
 #define BXOR(a, b) ((a) ^ (b))
 
-#define REDUCE_FLOAT(T)                                                                                  \
-    switch (op) {                                                                                        \
+/* The cases every real type has; MIN and MAX name the type's own minimum and maximum. */
+#define REDUCE_ORDERED(T, MIN, MAX)                                                                      \
     case SHM_OP_SUM: REDUCE_LOOP(T, ADD); return 0;                                                      \
     case SHM_OP_PRODUCT: REDUCE_LOOP(T, MUL); return 0;                                                  \
-    case SHM_OP_MIN: REDUCE_LOOP(T, FLOAT_MIN); return 0;                                                \
-    case SHM_OP_MAX: REDUCE_LOOP(T, FLOAT_MAX); return 0;                                                \
+    case SHM_OP_MIN: REDUCE_LOOP(T, MIN); return 0;                                                      \
+    case SHM_OP_MAX: REDUCE_LOOP(T, MAX); return 0;
+
+#define REDUCE_FLOAT(T)                                                                                  \
+    switch (op) {                                                                                        \
+    REDUCE_ORDERED(T, FLOAT_MIN, FLOAT_MAX)                                                              \
     default: return -1;                                                                                  \
     }
 
 /* Integer types wrap on overflow, as torch's do: built with -fwrapv. */
 #define REDUCE_INT(T)                                                                                    \
     switch (op) {                                                                                        \
-    case SHM_OP_SUM: REDUCE_LOOP(T, ADD); return 0;                                                      \
-    case SHM_OP_PRODUCT: REDUCE_LOOP(T, MUL); return 0;                                                  \
-    case SHM_OP_MIN: REDUCE_LOOP(T, INT_MIN_OF); return 0;                                               \
-    case SHM_OP_MAX: REDUCE_LOOP(T, INT_MAX_OF); return 0;                                               \
+    REDUCE_ORDERED(T, INT_MIN_OF, INT_MAX_OF)                                                            \
     case SHM_OP_BAND: REDUCE_LOOP(T, BAND); return 0;                                                    \
     case SHM_OP_BOR: REDUCE_LOOP(T, BOR); return 0;                                                      \
     case SHM_OP_BXOR: REDUCE_LOOP(T, BXOR); return 0;                                                    \

@@ -14,7 +14,6 @@ messages to it are still on the way.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +50,7 @@ class Context:
         #: Teams on this context not destroyed yet.
         self.teams: set[Any] = set()
         ffi, lib = self.binding.ffi, self.binding.lib
-        self._oob = OutOfBand(comm, abandoned)
-        self._oob.deadline = time.monotonic() + timeout_s
+        self._oob = OutOfBand(comm, abandoned, timeout_s)
         config = ffi.new("ucc_context_config_h *")
         handle = ffi.new("ucc_context_h *")
         params = ffi.new("ucc_context_params_t *")
@@ -70,7 +68,7 @@ class Context:
             why = f" ({self._oob.failure})" if self._oob.failure else ""
             self._oob.close()
             raise UCCError(status, f"ucc_context_create: {describe(self.binding, status)}{why}")
-        self._oob.deadline = None
+        self._oob.give_up_after(None)
         self.handle: Any = handle[0]
         self.library.contexts.add(self)
 
@@ -93,7 +91,7 @@ class Context:
             return True
         if self.teams:
             return False
-        self._oob.deadline = time.monotonic() + timeout_s
+        self._oob.give_up_after(timeout_s)
         with self.lock:
             status = self.binding.lib.ucc_context_destroy(self.handle)
         self.handle = None

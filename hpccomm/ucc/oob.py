@@ -40,6 +40,8 @@ class OutOfBand:
         comm: the communicator; duplicated, and the duplicate is owned.
         abandoned: asked now and then while an allgather waits; returns why to
             give up (a departed peer, say), or None to keep waiting.
+        timeout_s: seconds from now after which a waiting allgather gives up
+            (see :meth:`give_up_after`); None waits for ever.
 
     Attributes:
         deadline: ``time.monotonic()`` value past which a waiting allgather
@@ -47,7 +49,9 @@ class OutOfBand:
         failure: why the last allgather gave up, or None.
     """
 
-    def __init__(self, comm: Any, abandoned: Callable[[], str | None] | None = None) -> None:
+    def __init__(
+        self, comm: Any, abandoned: Callable[[], str | None] | None = None, timeout_s: float | None = None
+    ) -> None:
         self._binding = binding.load()
         _define_callbacks(self._binding)
         self._comm = comm.Dup()
@@ -55,10 +59,15 @@ class OutOfBand:
         self.rank = self._comm.Get_rank()
         self._abandoned = abandoned
         self.deadline: float | None = None
+        self.give_up_after(timeout_s)
         self.failure: str | None = None
         self._handle = self._binding.ffi.new_handle(self)
         #: Allgathers that gave up while MPI still owned their buffers.
         self._stuck: list[Any] = []
+
+    def give_up_after(self, timeout_s: float | None) -> None:
+        """Set :attr:`deadline` ``timeout_s`` seconds from now (None: no deadline)."""
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
     def fill(self, oob: Any) -> None:
         """Point a ``ucc_oob_coll_t`` (of context or team params) at this allgather."""

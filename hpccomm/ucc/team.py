@@ -11,7 +11,6 @@ until the process ends.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -48,8 +47,7 @@ class Team:
         #: Posted requests that have not ended yet.
         self.live: set[Request] = set()
         ffi, lib = self.binding.ffi, self.binding.lib
-        self._oob = OutOfBand(comm, abandoned)
-        self._oob.deadline = time.monotonic() + timeout_s
+        self._oob = OutOfBand(comm, abandoned, timeout_s)
         params = ffi.new("ucc_team_params_t *")
         params.mask = lib.UCC_TEAM_PARAM_FIELD_EP | lib.UCC_TEAM_PARAM_FIELD_EP_RANGE | lib.UCC_TEAM_PARAM_FIELD_OOB
         params.ep = self.rank
@@ -63,21 +61,26 @@ class Team:
             self._oob.close()
             raise UCCError(status, f"ucc_team_create_post: {describe(self.binding, status)}")
         self.handle: Any = handle[0]
-        status = self._wait_created()
+        status = self._progress_until_done(lib.ucc_team_create_test)
         if status != lib.UCC_OK:
             why = f" ({self._oob.failure})" if self._oob.failure else ""
             _kept.append(self)
             raise UCCError(status, f"ucc_team_create_test: {describe(self.binding, status)}{why}")
-        self._oob.deadline = None
+        self._oob.give_up_after(None)
         context.teams.add(self)
 
-    def _wait_created(self) -> int:
+    def _progress_until_done(self, step: Callable[[Any], int]) -> int:
+        """Call ``step(handle)`` (a UCC team call that may be in progress), progressing the context, until it ends.
+
+        Returns:
+            The last status, which is not ``UCC_INPROGRESS``.
+        """
         lib = self.binding.lib
         lock, context = self.context.lock, self.context.handle
         while True:
             # The lock is let go between polls: other groups' work progresses meanwhile.
             with lock:
-                status = lib.ucc_team_create_test(self.handle)
+                status = step(self.handle)
                 if status != lib.UCC_INPROGRESS:
                     return status
                 lib.ucc_context_progress(context)
@@ -111,14 +114,7 @@ class Team:
             _kept.append(self)
             self.handle = None
             return False
-        lib = self.binding.lib
-        lock, context = self.context.lock, self.context.handle
-        while True:
-            with lock:
-                status = lib.ucc_team_destroy(self.handle)
-                if status != lib.UCC_INPROGRESS:
-                    break
-                lib.ucc_context_progress(context)
+        status = self._progress_until_done(self.binding.lib.ucc_team_destroy)
         self.handle = None
         self.context.teams.discard(self)
         self._oob.close()

@@ -429,17 +429,6 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str]) -> La
     return launch
 
 
-def build_command(nprocs: int, command: Sequence[str], env: dict[str, str]) -> list[str]:
-    """The launcher command line for ``nprocs`` ranks of ``command``; updates ``env``.
-
-    Args:
-        nprocs: number of ranks.
-        command: the program and its arguments.
-        env: the environment the launcher will get; defaults are added to it.
-    """
-    return build_launch(nprocs, command, env).command
-
-
 def describe(launch: Launch, env: MutableMapping[str, str]) -> str:
     """``--dry-run``'s text: shell lines, each setting with its reason, the command last."""
     library = mpi_library()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import platform
+import shlex
 import socket
 from dataclasses import fields
 from typing import Any
@@ -189,17 +190,19 @@ def launcher_in_use() -> str:
 
 
 def launch_command(nprocs: int = 2) -> dict[str, Any]:
-    """What ``hpccomm-run -n NPROCS python train.py`` would run here, and the variables it adds."""
+    """What ``hpccomm-run -n NPROCS python train.py`` would run here, the variables it adds, and its warnings."""
     import hpccomm_run
 
-    env: dict[str, str] = dict(os.environ)
-    before = dict(env)
     try:
-        command = hpccomm_run.build_command(nprocs, ["python", "train.py"], env)
+        launch = hpccomm_run.build_launch(nprocs, ["python", "train.py"], dict(os.environ))
     except SystemExit as exc:  # no mpiexec found
-        return {"command": None, "detail": str(exc), "adds": {}}
-    adds = {key: value for key, value in env.items() if before.get(key) != value}
-    return {"command": " ".join(command), "detail": "", "adds": adds}
+        return {"command": None, "detail": str(exc), "adds": {}, "warnings": []}
+    return {
+        "command": shlex.join(launch.command),
+        "detail": "",
+        "adds": {setting.name: setting.value for setting in launch.settings},
+        "warnings": launch.warnings,
+    }
 
 
 def layout(comm: Any) -> list[dict[str, Any]]:

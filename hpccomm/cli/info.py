@@ -87,6 +87,7 @@ def launcher_section(_ranks: list[dict[str, Any]]) -> list[str]:
         lines.append(f"hpccomm-run    -n 2 python train.py  ->  {launch['command']}")
         for key, value in sorted(launch["adds"].items()):
             lines.append(f"               with {key}={value}")
+    lines += [f"               {warning}" for warning in launch["warnings"]]
     return lines
 
 

@@ -115,12 +115,6 @@ def mpi_library() -> MpiLibrary:
     return describe_library(MPI)
 
 
-def mpi_flavour() -> str:
-    """'openmpi', 'mpich' (MPICH and its derivatives) or 'other': the MPI mpi4py loads."""
-    family = mpi_library().family
-    return "mpich" if family in MPICH_FAMILIES else family
-
-
 def _loaded_libmpi() -> str | None:
     try:
         with open("/proc/self/maps") as maps:

@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 
+import mpi_library
 from launch import run_ranks
-
-from hpccomm_run import mpi_flavour
 
 SECTIONS = ("== versions", "== MPI", "== paths", "== launcher", "== topology", "== settings")
 
@@ -54,5 +53,5 @@ def test_info_under_a_launcher_shows_every_rank_per_node():
     assert "3 rank(s) on 1 node(s)" in out
     for rank in range(3):
         assert f"| {rank} | {rank}/3 |" in out, out
-    launcher = "Open MPI mpirun" if mpi_flavour() == "openmpi" else "MPICH hydra"
+    launcher = "Open MPI mpirun" if mpi_library.family() == "openmpi" else "MPICH hydra"
     assert f"started by {launcher}" in out, out

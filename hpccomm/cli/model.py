@@ -35,16 +35,14 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from .contenders import all_gather_single, reduce_scatter_single
+from .sweep import slowest_median, time_calls
 from .table import Column, Table, fmt_ratio
 
 COMPUTE = "compute"
@@ -185,19 +183,6 @@ def _ddp_bucket_numels(ddp: Any, parameters: int) -> list[int]:
     return numels
 
 
-def _timed(fn: Callable[[], None], calls: int, samples: list[float]) -> None:
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-
-
-def _slowest_median(samples: list[float], comm: Any, MPI: Any) -> float:
-    times = np.array(samples, dtype=np.float64)
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return statistics.median(times.tolist())
-
-
 def _replicas_agree(contender: Contender) -> bool:
     """Every rank holds the same weights (DDP); FSDP shards are checked by gathering them."""
     state = contender.model.state_dict()
@@ -229,16 +214,16 @@ def main(args: argparse.Namespace) -> int:
         order = list(contenders)
         random.Random(index).shuffle(order)
         for contender in order:
-            _timed(contender.step, min(args.step_block, args.steps - index * args.step_block), contender.samples)
-    step = {c.name: _slowest_median(c.samples, comm, MPI) for c in contenders}
+            time_calls(contender.step, min(args.step_block, args.steps - index * args.step_block), contender.samples)
+    step = {c.name: slowest_median(c.samples, comm, MPI) for c in contenders}
     alone = {}
     for contender in contenders:
         if contender.group is None:
             continue
         traffic, samples = contender.traffic(args.model), []
         traffic()
-        _timed(traffic, max(5, args.steps // 3), samples)
-        alone[contender.name] = _slowest_median(samples, comm, MPI)
+        time_calls(traffic, max(5, args.steps // 3), samples)
+        alone[contender.name] = slowest_median(samples, comm, MPI)
     agree = {c.name: _replicas_agree(c) for c in contenders if c.group is not None}
     _report(out, args, step, alone, agree, size)
     dist.destroy_process_group()

@@ -143,12 +143,24 @@ def _agree_on_unsupported(variants: list[Variant], comm: Any, MPI: Any) -> None:
 
 
 def _timed_block(variant: Variant, calls: int) -> None:
-    call, samples, clock = variant.call, variant.samples, time.perf_counter
     variant.case.reset()
+    time_calls(variant.call, calls, variant.samples)
+
+
+def time_calls(call: Callable[[], None], calls: int, samples: list[float]) -> None:
+    """Make ``calls`` calls in a row, appending each one's time to ``samples``."""
+    clock = time.perf_counter
     for _ in range(calls):
         start = clock()
         call()
         samples.append(clock() - start)
+
+
+def slowest_median(samples: list[float], comm: Any, MPI: Any) -> float:
+    """Median over calls of the slowest rank's time (every rank made the same calls); collective over ``comm``."""
+    times = np.array(samples, dtype=np.float64)
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per call: the slowest rank
+    return float(np.median(times))
 
 
 def _summarise(variant: Variant, comm: Any, MPI: Any) -> Measurement:
@@ -156,7 +168,5 @@ def _summarise(variant: Variant, comm: Any, MPI: Any) -> Measurement:
     wrong = comm.allreduce(variant.wrong, op=MPI.SUM)
     if variant.unsupported is not None or not variant.samples:
         return Measurement(variant.contender, placement, None, 0, wrong, variant.unsupported)
-    times = np.array(variant.samples, dtype=np.float64)
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per call: the slowest rank
-    median = float(np.median(times)) / variant.case.collective.legs
-    return Measurement(variant.contender, placement, median, len(times), wrong, None)
+    median = slowest_median(variant.samples, comm, MPI) / variant.case.collective.legs
+    return Measurement(variant.contender, placement, median, len(variant.samples), wrong, None)

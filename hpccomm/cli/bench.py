@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .collectives import ALIASES, COLLECTIVES, DTYPES, REDUCE_OPS, Case, Collective, bus_factor, element_count
+from .collectives import ALIASES, COLLECTIVES, DTYPES, REDUCE_OPS, Case, Collective, bandwidths, element_count
 from .console import Console, StopSignal
 from .contenders import COMPARABLE, GLOO, HPCCOMM, MPI4PY, Contender, MPIContender, TorchContender, Unsupported
 from .sweep import Measurement, Variant, measure
@@ -185,25 +185,26 @@ class Bench:
         for line in table.header():
             console.line(line)
         seen: set[int] = set()
-        for nbytes in args.sizes:
-            count = element_count(collective, nbytes, self.dtype.itemsize, self.nranks)
-            label = f"{collective.name} {fmt_bytes(count * self.dtype.itemsize)}"
+        for size in args.sizes:
+            count = element_count(collective, size, self.dtype.itemsize, self.nranks)
+            nbytes = count * self.dtype.itemsize
+            label = f"{collective.name} {fmt_bytes(nbytes)}"
             if count in seen:
                 console.advance(label, 1)
                 continue
             seen.add(count)
             console.advance(label)
-            measurements = self._measure(collective, count, label)
+            measurements = self._measure(collective, count, nbytes, label)
             console.advance(label, 1)
-            self._record(collective, count, measurements)
-            console.line(table.row(self._cells(collective, count, measurements)))
+            self._record(collective, count, nbytes, measurements)
+            console.line(table.row(self._cells(collective, count, nbytes, measurements)))
             if self.stop.agreed:
                 return
         for contender, reason in sorted(self.notes.items()):
             console.line(f"# {contender} n/a: {reason}")
         self.notes.clear()
 
-    def _measure(self, collective: Collective, count: int, label: str) -> list[Measurement]:
+    def _measure(self, collective: Collective, count: int, nbytes: int, label: str) -> list[Measurement]:
         variants = []
         for placement in collective.placements:
             case = Case(collective, count, self.dtype, self.op, self.args.root, placement, self.rank, self.nranks)
@@ -213,7 +214,7 @@ class Bench:
                     variants.append(Variant(contender.name, case, call, result))
                 except Unsupported as exc:
                     variants.append(Variant(contender.name, case, None, unsupported=str(exc)))
-        iterations = self.args.iters or auto_iterations(count * self.dtype.itemsize)
+        iterations = self.args.iters or auto_iterations(nbytes)
         return measure(
             variants,
             iterations,
@@ -245,8 +246,7 @@ class Bench:
                 columns += [Column(other.name, "us", placement, 9), Column(f"vs {other.name}", "x", placement, 6)]
         return columns
 
-    def _cells(self, collective: Collective, count: int, measurements: list[Measurement]) -> list[str]:
-        nbytes = count * self.dtype.itemsize
+    def _cells(self, collective: Collective, count: int, nbytes: int, measurements: list[Measurement]) -> list[str]:
         cells = [
             str(nbytes),
             str(count),
@@ -257,8 +257,7 @@ class Bench:
         by_key = {(m.placement, m.contender): m for m in measurements}
         for placement in collective.placements:
             ours = by_key[(placement, HPCCOMM)]
-            algbw = nbytes / ours.time_s / 1e9 if ours.time_s else None
-            busbw = algbw * bus_factor(collective.name, self.nranks) if algbw is not None else None
+            algbw, busbw = bandwidths(collective.name, nbytes, ours.time_s, self.nranks)
             cells += [fmt_time_us(ours.time_s), fmt_bandwidth(algbw), fmt_bandwidth(busbw), str(ours.wrong)]
             for other in self.contenders[1:]:
                 theirs = by_key[(placement, other.name)]
@@ -270,10 +269,9 @@ class Bench:
                     self.notes[f"{other.name} #wrong"] = f"{theirs.wrong} wrong elements at {nbytes} B {placement}"
         return cells
 
-    def _record(self, collective: Collective, count: int, measurements: list[Measurement]) -> None:
-        nbytes = count * self.dtype.itemsize
+    def _record(self, collective: Collective, count: int, nbytes: int, measurements: list[Measurement]) -> None:
         for m in measurements:
-            algbw = nbytes / m.time_s / 1e9 if m.time_s else None
+            algbw, busbw = bandwidths(collective.name, nbytes, m.time_s, self.nranks)
             self.rows.append(
                 {
                     "collective": collective.name,
@@ -288,7 +286,7 @@ class Bench:
                     "iterations": m.iterations,
                     "time_us": m.time_s * 1e6 if m.time_s else None,
                     "algbw_GBps": algbw,
-                    "busbw_GBps": algbw * bus_factor(collective.name, self.nranks) if algbw is not None else None,
+                    "busbw_GBps": busbw,
                     "wrong": m.wrong,
                     "unsupported": m.unsupported,
                 }

@@ -122,6 +122,14 @@ def bus_factor(name: str, nranks: int) -> float:
     raise KeyError(f"hpccomm bench: no collective named {name!r}")
 
 
+def bandwidths(name: str, nbytes: int, time_s: float | None, nranks: int) -> tuple[float | None, float | None]:
+    """algbw and busbw (GB/s) of a row of ``name``: ``nbytes`` in ``time_s`` (None, None without a time)."""
+    if not time_s:
+        return None, None
+    algbw = nbytes / time_s / 1e9
+    return algbw, algbw * bus_factor(name, nranks)
+
+
 def element_count(collective: Collective, nbytes: int, itemsize: int, nranks: int) -> int:
     """Elements of the whole array for a requested size: a whole number of elements, at least one per rank.
 
@@ -230,11 +238,6 @@ class Case:
         self.input, self.output = self._allocate()
         self._sentinel = self._sentinel_value()
         self.expected = self._expected()
-
-    @property
-    def nbytes(self) -> int:
-        """The row's size in bytes (nccl-tests' ``size``)."""
-        return self.count * self.dtype.itemsize
 
     def _partner(self) -> int:
         if self.collective.name != "sendrecv":

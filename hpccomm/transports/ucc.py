@@ -106,12 +106,10 @@ class UCCTransport(Transport):
 
     Args:
         team: the group's team.
-        comm: the group's communicator (owned: freed by :meth:`close`).
     """
 
-    def __init__(self, team: Team, comm: Any) -> None:
+    def __init__(self, team: Team) -> None:
         self._team = team
-        self._comm = comm
         self._size = team.size
         self._rank = team.rank
         binding = team.binding
@@ -134,21 +132,19 @@ class UCCTransport(Transport):
         world, so it must come from a group all ranks build (the default group).
 
         Args:
-            comm: the group's communicator (owned by the transport).
+            comm: the group's communicator, handed over: the team bootstraps on
+                it and frees it.
             global_ranks: the world rank of each group rank.
             timeout_s: how long bootstrap waits for the other ranks.
         """
         prepare()
-        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks))
-        return cls(team, comm)
+        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
+        return cls(team)
 
     def close(self, in_flight: bool = False) -> None:
         if self._team is not None:
             self._team.destroy(in_flight)
             self._team = None
-            # Only the team's own duplicate ever carried traffic.
-            self._comm.Free()
-            self._comm = None
 
     # -- building arguments ------------------------------------------------
 

@@ -3,9 +3,10 @@
 UCC bootstraps contexts and teams (exchanging worker addresses, agreeing on a
 team id) through an allgather the caller supplies: three C callbacks that
 start one, test it and free it. hpccomm's are Python callbacks (cffi's
-``extern "Python"``) posting ``MPI_Iallgather`` on a duplicate of the
-group's communicator, so no store is needed and bootstrap traffic never
-mixes with anything else. UCC calls them only from inside the UCC call that
+``extern "Python"``) posting ``MPI_Iallgather`` on a communicator of the
+group's ranks used for nothing else (a duplicate, or one handed over by the
+caller), so no store is needed and bootstrap traffic never mixes with
+anything else. UCC calls them only from inside the UCC call that
 bootstraps (context or team creation, and the barrier in a context's
 destroy), on the calling thread.
 
@@ -38,6 +39,9 @@ class OutOfBand:
 
     Args:
         comm: the communicator; duplicated, and the duplicate is owned.
+        own: take ``comm`` itself instead (the caller hands it over and no
+            longer uses it): it carries the allgathers, and :meth:`close`
+            frees it.
         abandoned: asked now and then while an allgather waits; returns why to
             give up (a departed peer, say), or None to keep waiting.
         timeout_s: seconds from now after which a waiting allgather gives up
@@ -50,11 +54,15 @@ class OutOfBand:
     """
 
     def __init__(
-        self, comm: Any, abandoned: Callable[[], str | None] | None = None, timeout_s: float | None = None
+        self,
+        comm: Any,
+        abandoned: Callable[[], str | None] | None = None,
+        timeout_s: float | None = None,
+        own: bool = False,
     ) -> None:
         self._binding = binding.load()
         _define_callbacks(self._binding)
-        self._comm = comm.Dup()
+        self._comm = comm if own else comm.Dup()
         self.size = self._comm.Get_size()
         self.rank = self._comm.Get_rank()
         self._abandoned = abandoned
@@ -121,7 +129,7 @@ class OutOfBand:
         return self._abandoned() if self._abandoned is not None else None
 
     def close(self) -> None:
-        """Free the duplicate communicator, unless an allgather on it never completed."""
+        """Free the communicator (the duplicate, or the one handed over), unless an allgather on it never completed."""
         if self._comm is not None and not self._stuck:
             self._comm.Free()
         self._comm = None

@@ -31,6 +31,8 @@ class Team:
         comm: the team's ranks; a rank's team rank is its rank in ``comm``.
         timeout_s: how long creation waits for the other ranks.
         abandoned: asked while creation waits; returns why to give up, or None.
+        own: ``comm`` is handed over: the team bootstraps on it and frees it,
+            instead of on a duplicate (see :class:`~hpccomm.ucc.oob.OutOfBand`).
 
     Raises:
         UCCError: creation failed (a team whose creation failed half-way
@@ -38,7 +40,12 @@ class Team:
     """
 
     def __init__(
-        self, context: Context, comm: Any, timeout_s: float, abandoned: Callable[[], str | None] | None = None
+        self,
+        context: Context,
+        comm: Any,
+        timeout_s: float,
+        abandoned: Callable[[], str | None] | None = None,
+        own: bool = False,
     ) -> None:
         self.context = context
         self.binding = context.binding
@@ -47,7 +54,7 @@ class Team:
         #: Posted requests that have not ended yet.
         self.live: set[Request] = set()
         ffi, lib = self.binding.ffi, self.binding.lib
-        self._oob = OutOfBand(comm, abandoned, timeout_s)
+        self._oob = OutOfBand(comm, abandoned, timeout_s, own)
         params = ffi.new("ucc_team_params_t *")
         params.mask = lib.UCC_TEAM_PARAM_FIELD_EP | lib.UCC_TEAM_PARAM_FIELD_EP_RANGE | lib.UCC_TEAM_PARAM_FIELD_OOB
         params.ep = self.rank

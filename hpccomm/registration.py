@@ -96,11 +96,12 @@ def _world_communicator(fresh: bool) -> Any:
 
 
 def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
-    transports = _transports_for(comm, global_ranks, timeout)
+    rank, size = comm.Get_rank(), comm.Get_size()
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
-    return ProcessGroupHpccomm(
-        comm.Get_rank(), comm.Get_size(), transports, timeout, global_ranks, Monitor(comm.Dup()), checker
-    )
+    monitor = Monitor(comm.Dup())
+    # Last: the UCC transport, when it is handed ``comm``, frees it once its team is created.
+    transports = _transports_for(comm, global_ranks, timeout)
+    return ProcessGroupHpccomm(rank, size, transports, timeout, global_ranks, monitor, checker)
 
 
 def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> dict[str, Transport]:

@@ -1,8 +1,8 @@
 """A UCC team: the ranks of one group, on a context; collectives are posted on it.
 
 Creating a team is collective over its ranks (an MPI communicator, whose
-ranks bootstrap through the out-of-band allgather); its ranks may be any
-subset of the context's. Destroying it is local. A team keeps track of its
+ranks bootstrap through the out-of-band allgather, used only then); its
+ranks may be any subset of the context's. Destroying it is local. A team keeps track of its
 posted requests: one that is still in flight when the team ends (its
 operation timed out, or its group was aborted) may still be written to by
 UCC, so the team, its requests and their buffers are then kept, never freed,
@@ -73,7 +73,10 @@ class Team:
             why = f" ({self._oob.failure})" if self._oob.failure else ""
             _kept.append(self)
             raise UCCError(status, f"ucc_team_create_test: {describe(self.binding, status)}{why}")
-        self._oob.give_up_after(None)
+        # UCC calls a team's out-of-band allgather only while the team is
+        # created: its communicator is freed now. The OutOfBand itself stays
+        # referenced, so the handle UCC holds in its params stays valid.
+        self._oob.close()
         context.teams.add(self)
 
     def _progress_until_done(self, step: Callable[[Any], int]) -> int:
@@ -124,6 +127,5 @@ class Team:
         status = self._progress_until_done(self.binding.lib.ucc_team_destroy)
         self.handle = None
         self.context.teams.discard(self)
-        self._oob.close()
         check(self.binding, status, "ucc_team_destroy")
         return True

@@ -126,11 +126,10 @@ def _load_transports_first() -> None:
     from .transports import selection
 
     if selection.wants_ucc():
-        from .transports import ucc
-        from .ucc import UCCUnavailableError
+        from .ucc import UCCUnavailableError, load
 
         try:
-            ucc.prepare()
+            load()
         except UCCUnavailableError:
             pass  # building the first group says why, with the fix
 

@@ -45,7 +45,7 @@ import torch
 
 from .. import failure
 from ..progress import DRAIN_TIMEOUT_S
-from ..ucc import Context, Library, Request, Team, load
+from ..ucc import Context, Library, Request, Team
 from ..world import mpi
 from . import Transport, ucc_types
 from .mpi_types import Reduction
@@ -56,19 +56,6 @@ MAX_TAG = (1 << 15) - 1
 
 _context: Context | None = None
 _open: weakref.WeakSet[UCCTransport] = weakref.WeakSet()
-
-
-def prepare() -> None:
-    """Load UCC before MPI starts.
-
-    Called by :mod:`hpccomm.world` before it starts MPI when some device is
-    routed to UCC: UCC's UCX must be loaded before the MPI wheel's (see
-    :mod:`hpccomm.ucc.binding`).
-
-    Raises:
-        UCCUnavailableError: hpccomm was built without UCC.
-    """
-    load()
 
 
 class UCCPending:
@@ -137,7 +124,6 @@ class UCCTransport(Transport):
             global_ranks: the world rank of each group rank.
             timeout_s: how long bootstrap waits for the other ranks.
         """
-        prepare()
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
         return cls(team)
 

@@ -2,11 +2,11 @@
 
 Creating a team is collective over its ranks (an MPI communicator, whose
 ranks bootstrap through the out-of-band allgather, used only then); its
-ranks may be any subset of the context's. Destroying it is local. A team keeps track of its
-posted requests: one that is still in flight when the team ends (its
-operation timed out, or its group was aborted) may still be written to by
-UCC, so the team, its requests and their buffers are then kept, never freed,
-until the process ends.
+ranks may be any subset of the context's. Destroying it is local. A team
+keeps track of its posted requests: one that is still in flight when the
+team ends (its operation timed out, or its group was aborted) may still be
+written to by UCC, so the team, its requests and their buffers are then
+kept, never freed, until the process ends.
 """
 
 from __future__ import annotations

@@ -62,12 +62,10 @@ class UCCInstall(NamedTuple):
     Attributes:
         include_dir: holds ``ucc/api/ucc.h``.
         library_dir: holds ``libucc.so``.
-        source: how it was found (``UCC_HOME=...`` or ``pkg-config ucc``).
     """
 
     include_dir: str
     library_dir: str
-    source: str
 
 
 def find_ucc() -> tuple[UCCInstall | None, str]:
@@ -103,7 +101,7 @@ def _install_at(
     candidates = [library] if library else [prefix / "lib", prefix / "lib64"]
     for directory in candidates:
         if any(directory.glob("libucc.so*")):
-            found = UCCInstall(str(include), str(directory), source)
+            found = UCCInstall(str(include), str(directory))
             return found, f"UCC from {source} ({directory})"
     return None, f"{source}: no libucc.so in {' or '.join(map(str, candidates))}"
 

@@ -169,12 +169,6 @@ class UCCTransport(Transport):
         lib = self._lib
         return lib.UCC_COLL_ARGS_FLAG_COUNT_64BIT | lib.UCC_COLL_ARGS_FLAG_DISPLACEMENTS_64BIT
 
-    def _post(self, args: Any, keep: Any) -> Request:
-        return self._team.post(args, keep)
-
-    def _reduction(self, op_name: str, reduction: Reduction, dtype: torch.dtype) -> ucc_types.UCCReduction:
-        return ucc_types.reduction(self._lib, op_name, reduction, dtype)
-
     def _reducible(self, tensor: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
         """The contiguous tensor UCC reduces in place for ``tensor``; ``after`` gets the copies back.
 
@@ -206,12 +200,12 @@ class UCCTransport(Transport):
         requests: list[Request] = []
         after: After = []
         for tensor in tensors:
-            red = self._reduction("all_reduce", reduction, tensor.dtype)
+            red = ucc_types.reduction(self._lib, "all_reduce", reduction, tensor.dtype)
             work = self._reducible(tensor, red, after)
             if work.numel():
                 args = self._allreduce_args(red)
                 self._info(args.dst.info, work, red.datatype)
-                requests.append(self._post(args, work))
+                requests.append(self._team.post(args, work))
             if len(tensors) == 1 and red.widen_to is None and not red.divide_by_size and red.premul_factor is None:
                 self._plan_allreduce(reduction, red)
         return UCCPending(requests, after, "all_reduce")
@@ -237,10 +231,10 @@ class UCCTransport(Transport):
         args = self._args(self._lib.UCC_COLL_TYPE_BCAST)
         args.root = root
         self._info(args.src.info, work)
-        return UCCPending([self._post(args, work)], after, "broadcast")
+        return UCCPending([self._team.post(args, work)], after, "broadcast")
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> UCCPending:
-        red = self._reduction("reduce", reduction, tensor.dtype)
+        red = ucc_types.reduction(self._lib, "reduce", reduction, tensor.dtype)
         after: After = []
         if self._rank == root:
             work = self._reducible(tensor, red, after)
@@ -256,7 +250,7 @@ class UCCTransport(Transport):
             return UCCPending([], after, "reduce")
         args.root = root
         args.op = red.op
-        return UCCPending([self._post(args, work)], after, "reduce")
+        return UCCPending([self._team.post(args, work)], after, "reduce")
 
     # -- gathers and scatters ---------------------------------------------
 
@@ -267,7 +261,7 @@ class UCCTransport(Transport):
         args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHERV, self._vector_flags())
         self._info(args.src.info, send)
         arrays = self._info_v(args.dst.info_v, flat, counts)
-        request = self._post(args, (send, flat, arrays))
+        request = self._team.post(args, (send, flat, arrays))
         return UCCPending([request], [scatter_back(flat, outputs)], "all_gather")
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> UCCPending:
@@ -284,7 +278,7 @@ class UCCTransport(Transport):
             args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHER)
             self._info(args.src.info, send)
         self._info(args.dst.info, recv)
-        return UCCPending([self._post(args, (send, recv))], after, "all_gather_into_tensor")
+        return UCCPending([self._team.post(args, (send, recv))], after, "all_gather_into_tensor")
 
     def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> UCCPending:
         send = tensor.contiguous()
@@ -292,11 +286,11 @@ class UCCTransport(Transport):
         args.root = root
         self._info(args.src.info, send)
         if outputs is None:
-            return UCCPending([self._post(args, send)], (), "gather")
+            return UCCPending([self._team.post(args, send)], (), "gather")
         counts = [out.numel() for out in outputs]
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
         arrays = self._info_v(args.dst.info_v, flat, counts)
-        request = self._post(args, (send, flat, arrays))
+        request = self._team.post(args, (send, flat, arrays))
         return UCCPending([request], [scatter_back(flat, outputs)], "gather")
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> UCCPending:
@@ -310,10 +304,10 @@ class UCCTransport(Transport):
         if inputs is not None:
             flat = concat(inputs, output.dtype)
             keep = (recv, flat, self._info_v(args.src.info_v, flat, [t.numel() for t in inputs]))
-        return UCCPending([self._post(args, keep)], after, "scatter")
+        return UCCPending([self._team.post(args, keep)], after, "scatter")
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
-        red = self._reduction("reduce_scatter", reduction, output.dtype)
+        red = ucc_types.reduction(self._lib, "reduce_scatter", reduction, output.dtype)
         counts = [t.numel() for t in inputs]
         send = concat(inputs, output.dtype)
         if red.widen_to is not None:
@@ -326,10 +320,10 @@ class UCCTransport(Transport):
         self._info(args.src.info, send, red.datatype)
         arrays = self._info_v(args.dst.info_v, recv, counts)
         args.dst.info_v.datatype = red.datatype
-        return UCCPending([self._post(args, (send, recv, arrays))], after, "reduce_scatter")
+        return UCCPending([self._team.post(args, (send, recv, arrays))], after, "reduce_scatter")
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> UCCPending:
-        red = self._reduction("reduce_scatter_tensor", reduction, tensor.dtype)
+        red = ucc_types.reduction(self._lib, "reduce_scatter_tensor", reduction, tensor.dtype)
         after: After = []
         recv = self._reduce_target(output, red, after)
         if not recv.numel():
@@ -340,7 +334,7 @@ class UCCTransport(Transport):
         args.op = red.op
         self._info(args.src.info, send, red.datatype)
         self._info(args.dst.info, recv, red.datatype)
-        return UCCPending([self._post(args, (send, recv))], after, "reduce_scatter_tensor")
+        return UCCPending([self._team.post(args, (send, recv))], after, "reduce_scatter_tensor")
 
     def _reduce_target(self, output: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
         """Where UCC writes a reduction meant for ``output``; ``after`` gets the copies back."""
@@ -377,12 +371,12 @@ class UCCTransport(Transport):
         args = self._args(self._lib.UCC_COLL_TYPE_ALLTOALLV, self._vector_flags())
         sent = self._info_v(args.src.info_v, send, send_counts)
         received = self._info_v(args.dst.info_v, recv, recv_counts)
-        return self._post(args, (send, recv, sent, received))
+        return self._team.post(args, (send, recv, sent, received))
 
     # -- synchronisation and point-to-point ---------------------------------
 
     def barrier(self) -> UCCPending:
-        return UCCPending([self._post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
+        return UCCPending([self._team.post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> UCCPending:
         send = tensor.contiguous()
@@ -415,7 +409,7 @@ class UCCTransport(Transport):
         args.active_set.stride = other - root
         args.active_set.size = 2
         self._info(args.src.info, tensor)
-        return UCCPending([self._post(args, tensor)], after, op_name)
+        return UCCPending([self._team.post(args, tensor)], after, op_name)
 
 
 def _copier(target: torch.Tensor, source: torch.Tensor) -> Callable[[], None]:

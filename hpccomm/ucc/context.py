@@ -45,8 +45,6 @@ class Context:
         self.library = library or Library.instance()
         self.binding = self.library.binding
         self.lock = self.library.lock
-        self.size = comm.Get_size()
-        self.rank = comm.Get_rank()
         #: Teams on this context not destroyed yet.
         self.teams: set[Any] = set()
         ffi, lib = self.binding.ffi, self.binding.lib
@@ -71,11 +69,6 @@ class Context:
         self._oob.give_up_after(None)
         self.handle: Any = handle[0]
         self.library.contexts.add(self)
-
-    def progress(self) -> None:
-        """Advance every collective on the context once."""
-        with self.lock:
-            self.binding.lib.ucc_context_progress(self.handle)
 
     def destroy(self, timeout_s: float) -> bool:
         """``ucc_context_destroy``, collective; True if it ran.

@@ -169,20 +169,25 @@ class UCCTransport(Transport):
         lib = self._lib
         return lib.UCC_COLL_ARGS_FLAG_COUNT_64BIT | lib.UCC_COLL_ARGS_FLAG_DISPLACEMENTS_64BIT
 
-    def _reducible(self, tensor: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
-        """The contiguous tensor UCC reduces in place for ``tensor``; ``after`` gets the copies back.
+    def _reduced_in(
+        self, tensor: torch.Tensor, red: ucc_types.UCCReduction, after: After, copy_in: bool = True
+    ) -> torch.Tensor:
+        """The contiguous tensor UCC writes the reduction for ``tensor`` into; ``after`` gets it back into ``tensor``.
 
         A non-contiguous tensor goes through a stand-in, a 16-bit float through
-        a float32 copy; PREMUL_SUM multiplies it, AVG on integers divides it
-        afterwards.
+        a float32 one; AVG on integers divides the result afterwards. With
+        ``copy_in`` (``tensor`` is reduced in place) it starts with ``tensor``'s
+        values, multiplied by PREMUL_SUM's factor; without (``tensor`` is only
+        an output) it starts uninitialised.
         """
-        work = staged(tensor, after)
+        work = staged(tensor, after, copy_in)
         steps: After = []
         if red.widen_to is not None:
-            wide = work.to(red.widen_to)
+            wide = work.to(red.widen_to) if copy_in else torch.empty(work.shape, dtype=red.widen_to)
             steps.append(_copier(work, wide))
             work = wide
-        premultiplied(work, red, in_place=True)
+        if copy_in:
+            premultiplied(work, red, in_place=True)
         after[:0] = [*averager(work, red, self._size), *steps]
         return work
 
@@ -201,27 +206,18 @@ class UCCTransport(Transport):
         after: After = []
         for tensor in tensors:
             red = ucc_types.reduction(self._lib, "all_reduce", reduction, tensor.dtype)
-            work = self._reducible(tensor, red, after)
-            if work.numel():
-                args = self._allreduce_args(red)
-                self._info(args.dst.info, work, red.datatype)
-                requests.append(self._team.post(args, work))
+            work = self._reduced_in(tensor, red, after)
+            if not work.numel():
+                continue
+            args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
+            args.op = red.op
+            self._info(args.dst.info, work, red.datatype)
+            requests.append(self._team.post(args, work))
             if len(tensors) == 1 and red.widen_to is None and not red.divide_by_size and red.premul_factor is None:
-                self._plan_allreduce(reduction, red)
+                # UCC copied the args when it took them: kept for ``reduction``,
+                # later calls set only the buffer and count.
+                self._allreduce_plans[id(reduction)] = (reduction, args, args.dst.info)
         return UCCPending(requests, after, "all_reduce")
-
-    def _allreduce_args(self, red: ucc_types.UCCReduction) -> Any:
-        args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
-        args.op = red.op
-        return args
-
-    def _plan_allreduce(self, reduction: Reduction, red: ucc_types.UCCReduction) -> None:
-        """Keep filled all-reduce args for ``reduction``: later calls set only the buffer and count."""
-        args = self._allreduce_args(red)
-        info = args.dst.info
-        info.datatype = red.datatype
-        info.mem_type = self._mem_type
-        self._allreduce_plans[id(reduction)] = (reduction, args, info)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> UCCPending:
         after: After = []
@@ -237,13 +233,11 @@ class UCCTransport(Transport):
         red = ucc_types.reduction(self._lib, "reduce", reduction, tensor.dtype)
         after: After = []
         if self._rank == root:
-            work = self._reducible(tensor, red, after)
+            work = self._reduced_in(tensor, red, after)
             args = self._args(self._lib.UCC_COLL_TYPE_REDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
             self._info(args.dst.info, work, red.datatype)
         else:
-            # Only the root's tensor changes: send from a copy when it must change.
-            work = tensor.contiguous() if red.widen_to is None else tensor.to(red.widen_to)
-            work = premultiplied(work, red, in_place=work is not tensor)
+            work = _sent(tensor, red)  # only the root's tensor changes
             args = self._args(self._lib.UCC_COLL_TYPE_REDUCE)
             self._info(args.src.info, work, red.datatype)
         if not work.numel():
@@ -314,7 +308,7 @@ class UCCTransport(Transport):
             send = send.to(red.widen_to)
         premultiplied(send, red, in_place=True)
         after: After = []
-        recv = self._reduce_target(output, red, after)
+        recv = self._reduced_in(output, red, after, copy_in=False)
         args = self._args(self._lib.UCC_COLL_TYPE_REDUCE_SCATTERV, self._vector_flags())
         args.op = red.op
         self._info(args.src.info, send, red.datatype)
@@ -325,27 +319,15 @@ class UCCTransport(Transport):
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> UCCPending:
         red = ucc_types.reduction(self._lib, "reduce_scatter_tensor", reduction, tensor.dtype)
         after: After = []
-        recv = self._reduce_target(output, red, after)
+        recv = self._reduced_in(output, red, after, copy_in=False)
         if not recv.numel():
             return UCCPending([], after, "reduce_scatter_tensor")
-        send = tensor.contiguous() if red.widen_to is None else tensor.to(red.widen_to)
-        send = unaliased(premultiplied(send, red, in_place=send is not tensor), recv)
+        send = unaliased(_sent(tensor, red), recv)
         args = self._args(self._lib.UCC_COLL_TYPE_REDUCE_SCATTER)
         args.op = red.op
         self._info(args.src.info, send, red.datatype)
         self._info(args.dst.info, recv, red.datatype)
         return UCCPending([self._team.post(args, (send, recv))], after, "reduce_scatter_tensor")
-
-    def _reduce_target(self, output: torch.Tensor, red: ucc_types.UCCReduction, after: After) -> torch.Tensor:
-        """Where UCC writes a reduction meant for ``output``; ``after`` gets the copies back."""
-        recv = staged(output, after, copy_in=False)
-        steps: After = []
-        if red.widen_to is not None:
-            wide = torch.empty(recv.shape, dtype=red.widen_to)
-            steps.append(_copier(recv, wide))
-            recv = wide
-        after[:0] = [*averager(recv, red, self._size), *steps]
-        return recv
 
     # -- all-to-all ---------------------------------------------------------
 
@@ -410,6 +392,16 @@ class UCCTransport(Transport):
         args.active_set.size = 2
         self._info(args.src.info, tensor)
         return UCCPending([self._team.post(args, tensor)], after, op_name)
+
+
+def _sent(tensor: torch.Tensor, red: ucc_types.UCCReduction) -> torch.Tensor:
+    """What a reduction sends for ``tensor``, which it leaves unchanged.
+
+    A contiguous tensor of its values, widened to float32 for a 16-bit float and
+    multiplied by PREMUL_SUM's factor: ``tensor`` itself where none of that changes it.
+    """
+    send = tensor.contiguous() if red.widen_to is None else tensor.to(red.widen_to)
+    return premultiplied(send, red, in_place=send is not tensor)
 
 
 def _copier(target: torch.Tensor, source: torch.Tensor) -> Callable[[], None]:

@@ -11,8 +11,12 @@ paths when UCC serves a device.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..config import settings
+
+if TYPE_CHECKING:
+    from ..ucc import UCCStatus
 
 _logger = logging.getLogger("hpccomm")
 
@@ -43,44 +47,40 @@ def routes() -> dict[str, str]:
         return _routes
     chosen: dict[str, str] = {}
     notes: list[str] = []
+    ucc: UCCStatus | None = None  # asked once: it loads UCC and reads /proc/self/maps
     for device, wanted in settings.transports:
         candidates = _AUTO[device] if wanted == "auto" else (wanted,)
-        name = next((c for c in candidates if device in _SERVES[c] and (wanted != "auto" or _usable(c))), None)
+        if ucc is None and any(c == "ucc" and device in _SERVES[c] for c in candidates):
+            from ..ucc import status
+
+            ucc = status()
+        name = next((c for c in candidates if device in _SERVES[c] and (wanted != "auto" or _usable(c, ucc))), None)
         if name is None:
             notes.append(f"{device} -> none ({_why_none(device, wanted)})")
             continue
         if name == "ucc":
-            _require_ucc(device)
+            _require_ucc(device, ucc)
         chosen[device] = name
-        notes.append(f"{device} -> {name}{_details(name)}")
+        notes.append(f"{device} -> {name}{_details(name, ucc)}")
     _logger.info("hpccomm transports: %s", "; ".join(notes))
     _routes = chosen
     return chosen
 
 
-def _usable(name: str) -> bool:
-    if name != "ucc":
-        return True
-    from ..ucc import status
-
-    return status().available
+def _usable(name: str, ucc: UCCStatus | None) -> bool:
+    return name != "ucc" or (ucc is not None and ucc.available)
 
 
-def _require_ucc(device: str) -> None:
-    from ..ucc import status
-
-    found = status()
-    if not found.available:
-        raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {found.reason}")
+def _require_ucc(device: str, ucc: UCCStatus | None) -> None:
+    assert ucc is not None
+    if not ucc.available:
+        raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {ucc.reason}")
 
 
-def _details(name: str) -> str:
-    if name != "ucc":
+def _details(name: str, ucc: UCCStatus | None) -> str:
+    if name != "ucc" or ucc is None:
         return ""
-    from ..ucc import status
-
-    found = status()
-    return f" (UCC {found.version}: {found.library}; UCX: {found.ucx})"
+    return f" (UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx})"
 
 
 def _why_none(device: str, wanted: str) -> str:

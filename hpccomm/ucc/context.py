@@ -63,7 +63,7 @@ class Context:
                 finally:
                     lib.ucc_context_config_release(config[0])
         if status != lib.UCC_OK:
-            why = f" ({self._oob.failure})" if self._oob.failure else ""
+            why = self._oob.why_failed()
             self._oob.close()
             raise UCCError(status, f"ucc_context_create: {describe(self.binding, status)}{why}")
         self._oob.give_up_after(None)

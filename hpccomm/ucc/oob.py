@@ -123,6 +123,10 @@ class OutOfBand:
         if entry is not None and not entry[1][0].Test():
             self._stuck.append(entry)
 
+    def why_failed(self) -> str:
+        """`` (why)`` for an error message when the last allgather gave up (:attr:`failure`); else empty."""
+        return f" ({self.failure})" if self.failure else ""
+
     def _give_up_reason(self) -> str | None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             return "the out-of-band allgather timed out: a peer rank did not take part"

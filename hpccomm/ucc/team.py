@@ -70,9 +70,8 @@ class Team:
         self.handle: Any = handle[0]
         status = self._progress_until_done(lib.ucc_team_create_test)
         if status != lib.UCC_OK:
-            why = f" ({self._oob.failure})" if self._oob.failure else ""
             _kept.append(self)
-            raise UCCError(status, f"ucc_team_create_test: {describe(self.binding, status)}{why}")
+            raise UCCError(status, f"ucc_team_create_test: {describe(self.binding, status)}{self._oob.why_failed()}")
         # UCC calls a team's out-of-band allgather only while the team is
         # created: its communicator is freed now. The OutOfBand itself stays
         # referenced, so the handle UCC holds in its params stays valid.

@@ -341,7 +341,7 @@ def run_sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
     import torch.distributed as dist
 
     from .. import world
-    from .environment import describe
+    from .environment import describe, layout
 
     MPI = world.mpi()
     dist.init_process_group("hpccomm")
@@ -353,7 +353,7 @@ def run_sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
         elif name == MPI4PY:
             contenders.append(MPIContender(MPI.COMM_WORLD.Dup(), MPI))
     rank = control.Get_rank()
-    environment = describe(control)
+    environment = describe(layout(control))
     console = Console(rank == 0, not args.no_progress, len(args.collectives) * len(args.sizes))
     stop = StopSignal()
     bench = Bench(args, contenders, control, MPI, console, stop)

@@ -246,9 +246,8 @@ def _cpu_list() -> str:
     return ",".join(spans)
 
 
-def describe(comm: Any) -> dict[str, Any]:
-    """Everything above as one JSON-ready record. Collective over ``comm``."""
-    ranks = layout(comm)
+def describe(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Everything above as one JSON-ready record, with :func:`layout`'s ``ranks`` (gathered by the caller)."""
     return {
         "versions": versions(),
         "mpi": mpi_library(),
@@ -260,7 +259,7 @@ def describe(comm: Any) -> dict[str, Any]:
         "cuda": cuda(),
         "knobs": knobs(),
         "launcher": launcher_in_use(),
-        "world_size": comm.Get_size(),
+        "world_size": len(ranks),
         "nodes": {host: [e["rank"] for e in entries] for host, entries in nodes(ranks).items()},
         "ranks": ranks,
     }

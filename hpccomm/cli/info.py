@@ -133,8 +133,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if comm.Get_rank() != 0:
         return
     if args.json:
-        record = env.describe(world.mpi().COMM_SELF)
-        record.update(ranks=ranks, world_size=len(ranks), nodes={h: [e["rank"] for e in es] for h, es in env.nodes(ranks).items()})
+        record = env.describe(ranks)
         record["hpccomm_run"] = env.launch_command(2)
         print(json.dumps(record, indent=1))
         return

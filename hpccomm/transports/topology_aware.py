@@ -7,10 +7,10 @@ node plus an inter-node communicator when the group spans nodes with the same
 number (two or more) of ranks on each. Where neither applies it is plain
 :class:`~hpccomm.transports.mpi.MPITransport`.
 
-Each collective then asks the :class:`~hpccomm.transports.selector.Selector`
-for its size threshold; below it, or where the topology-aware path cannot take
-the call (see :mod:`hpccomm.transports.node` and
-:mod:`hpccomm.transports.hierarchical`), the flat MPI transport runs it.
+Each collective then compares its size with its threshold from the
+:class:`~hpccomm.transports.selector.Selector`; below it, or where the
+topology-aware path cannot take the call (see :mod:`hpccomm.transports.node`
+and :mod:`hpccomm.transports.hierarchical`), the flat MPI transport runs it.
 Everything else (gather, scatter, all-to-all, point-to-point, barrier) is
 always flat.
 """
@@ -90,7 +90,12 @@ class TopologyAwareTransport(Transport):
     @selector.setter
     def selector(self, selector: Selector) -> None:
         self._selector = selector
+        # Read once here, so that each call's check is one attribute read.
         self._allreduce_min = selector.min_bytes("all_reduce")
+        self._reduce_min = selector.min_bytes("reduce")
+        self._broadcast_min = selector.min_bytes("broadcast")
+        self._allgather_min = selector.min_bytes("all_gather")
+        self._reduce_scatter_min = selector.min_bytes("reduce_scatter")
 
     @property
     def path(self) -> str:
@@ -101,9 +106,6 @@ class TopologyAwareTransport(Transport):
     def channel(self) -> SharedMemoryChannel:
         """The shared-memory channel of this rank's node."""
         return self.aware.channel
-
-    def _wants(self, op: str, nbytes: int) -> bool:
-        return nbytes >= self._selector.min_bytes(op)
 
     def _taken(self, op: str, pending: Pending | None) -> Pending | None:
         if pending is not None:
@@ -128,42 +130,43 @@ class TopologyAwareTransport(Transport):
         return self.flat.allreduce(tensors, reduction)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
-        if self._wants("broadcast", tensor.nbytes):
+        if tensor.nbytes >= self._broadcast_min:
             posted = self._taken("broadcast", self.aware.broadcast(tensor, root))
             if posted is not None:
                 return posted
         return self.flat.broadcast(tensor, root)
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
-        if isinstance(self.aware, NodeCollectives) and self._wants("reduce", tensor.nbytes):
+        # A hier selector's reduce threshold is NEVER: a Hierarchy has no reduce.
+        if tensor.nbytes >= self._reduce_min:
             posted = self._taken("reduce", self.aware.reduce(tensor, root, reduction))
             if posted is not None:
                 return posted
         return self.flat.reduce(tensor, root, reduction)
 
     def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
-        if self._wants("all_gather", sum(out.nbytes for out in outputs)):
+        if sum(out.nbytes for out in outputs) >= self._allgather_min:
             posted = self._taken("all_gather", self.aware.allgather(outputs, tensor))
             if posted is not None:
                 return posted
         return self.flat.allgather(outputs, tensor)
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
-        if self._wants("all_gather", output.nbytes):
+        if output.nbytes >= self._allgather_min:
             posted = self._taken("all_gather_into_tensor", self.aware.allgather_into(output, tensor))
             if posted is not None:
                 return posted
         return self.flat.allgather_into(output, tensor)
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        if self._wants("reduce_scatter", sum(t.nbytes for t in inputs)):
+        if sum(t.nbytes for t in inputs) >= self._reduce_scatter_min:
             posted = self._taken("reduce_scatter", self.aware.reduce_scatter(output, inputs, reduction))
             if posted is not None:
                 return posted
         return self.flat.reduce_scatter(output, inputs, reduction)
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
-        if self._wants("reduce_scatter", tensor.nbytes):
+        if tensor.nbytes >= self._reduce_scatter_min:
             posted = self._taken("reduce_scatter_tensor", self.aware.reduce_scatter_from(output, tensor, reduction))
             if posted is not None:
                 return posted

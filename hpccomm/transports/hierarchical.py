@@ -204,6 +204,15 @@ class Hierarchy:
         self._size = topo.size
         self._fromaddress = mpi().buffer.fromaddress
 
+    def close(self, in_flight: bool = False) -> None:
+        """Unmap the channel's segment; free ``inter`` unless MPI may still work on it (``in_flight``).
+
+        As :meth:`MPITransport.close <hpccomm.transports.mpi.MPITransport.close>`.
+        """
+        self.channel.close()
+        if not in_flight:
+            self.inter.Free()
+
     def _buffer(self, address: int, count: int, dtype: torch.dtype) -> list[Any]:
         return [self._fromaddress(address, count * dtype.itemsize), datatype(dtype)]
 

@@ -34,6 +34,10 @@ class NodeCollectives:
         self._size = channel.size
         self._rank = channel.rank
 
+    def close(self, in_flight: bool = False) -> None:
+        """Unmap the channel's segment (local; ``in_flight`` changes nothing here)."""
+        self.channel.close()
+
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> ShmOp | None:
         """All-reduce one tensor in place."""
         if len(tensors) != 1:

@@ -113,10 +113,7 @@ class TopologyAwareTransport(Transport):
         return pending
 
     def close(self, in_flight: bool = False) -> None:
-        self.aware.channel.close()
-        inter = getattr(self.aware, "inter", None)
-        if inter is not None and not in_flight:
-            inter.Free()  # as MPITransport.close: not while MPI may still work on it
+        self.aware.close(in_flight)
         self.flat.close(in_flight)
 
     # -- the collectives with a topology-aware path ---------------------------------

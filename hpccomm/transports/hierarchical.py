@@ -227,7 +227,8 @@ class Hierarchy:
             return None
         tensor = tensors[0]
         dtype, channel, L = tensor.dtype, self.channel, self._local_size
-        if not channel.reduces(dtype, reduction.kind):
+        plan = channel.plan(dtype, reduction.kind)
+        if plan is None:
             return None
         after: After = []
         work = premultiplied(staged(tensor, after), reduction, in_place=True)
@@ -251,7 +252,7 @@ class Hierarchy:
             if p < pieces:
                 blocks = shares(p)
                 mine = blocks[self._local]
-                scatter = channel.reduce_scatter(dtype, reduction.kind, blocks, mine[0], keep=(work,))
+                scatter = channel.reduce_scatter(plan, blocks, mine[0], keep=(work,))
                 stages.append(self.queue.add(scatter.test, post_allreduce(*mine)))
             if p > 0:
                 finals.append(channel.allgather(dtype, shares(p - 1), gate=stages[p - 1].test, keep=(work,)))
@@ -366,7 +367,8 @@ class Hierarchy:
     ) -> HierarchicalPending | None:
         topo, channel, N, L = self._topo, self.channel, self._nodes, self._local_size
         dtype, itemsize = output.dtype, output.dtype.itemsize
-        if send.numel() > _INT_MAX or not (channel.reduces(dtype, reduction.kind) and channel.fits(dtype, L * N)):
+        plan = channel.plan(dtype, reduction.kind)
+        if send.numel() > _INT_MAX or plan is None or not channel.fits(dtype, L * N):
             return None
         after: After = []
         out = staged(output, after, copy_in=False)
@@ -385,8 +387,7 @@ class Hierarchy:
         for p in range(pieces):
             span = {g: _span(counts[g], p, pieces) for g in range(self._size)}
             blocks = [(base + (offsets[g] + span[g][0]) * itemsize, span[g][1]) for ranks in columns for g in ranks]
-            local = channel.reduce_scatter(dtype, reduction.kind, blocks, partial_at, blocks_per_rank=N,
-                                           keep=(send, partial))
+            local = channel.reduce_scatter(plan, blocks, partial_at, blocks_per_rank=N, keep=(send, partial))
             recv_counts = [span[g][1] for g in column]
             first = span[topo.rank][0]
 

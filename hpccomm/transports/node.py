@@ -14,11 +14,12 @@ nothing was posted and the caller uses MPI.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .mpi_types import Reduction
-from .shm import SharedMemoryChannel, ShmOp
+from .shm import Block, SharedMemoryChannel, ShmOp
 from .staging import After, averager, overlaps, premultiplied, staged
 
 
@@ -43,20 +44,22 @@ class NodeCollectives:
         if len(tensors) != 1:
             return None
         tensor = tensors[0]
-        if reduction.plain and tensor.is_contiguous():
-            return self.channel.allreduce(tensor, reduction.kind)
-        if not self.channel.reduces(tensor.dtype, reduction.kind):
+        plan = self.channel.plan(tensor.dtype, reduction.kind)
+        if plan is None:
             return None
+        if reduction.plain and tensor.is_contiguous():
+            return self.channel.allreduce(tensor, plan)
         after: After = []
         work = staged(tensor, after)
         premultiplied(work, reduction, in_place=True)
-        op = self.channel.allreduce(work, reduction.kind)
+        op = self.channel.allreduce(work, plan)
         op.after = [*averager(work, reduction, self._size), *after]
         return op
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> ShmOp | None:
         """Reduce into the root's tensor; the others' tensors stay as they were."""
-        if not self.channel.reduces(tensor.dtype, reduction.kind):
+        plan = self.channel.plan(tensor.dtype, reduction.kind)
+        if plan is None:
             return None
         after: After = []
         if self._rank == root:
@@ -64,7 +67,7 @@ class NodeCollectives:
             after[:0] = averager(work, reduction, self._size)
         else:
             work = premultiplied(tensor.contiguous(), reduction, in_place=False)
-        op = self.channel.reduce(work, root, reduction.kind)
+        op = self.channel.reduce(work, root, plan)
         op.after = after
         return op
 
@@ -118,26 +121,26 @@ class NodeCollectives:
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> ShmOp | None:
         """Reduce-scatter from a list of inputs, one per rank (sizes may differ per rank)."""
-        dtype = output.dtype
-        if not (self.channel.reduces(dtype, reduction.kind) and self.channel.fits(dtype, self._size)):
+        plan = self.channel.plan(output.dtype, reduction.kind)
+        if plan is None or not self.channel.fits(output.dtype, self._size):
             return None
         sends = [premultiplied(t.contiguous(), reduction, in_place=False) for t in inputs]
         blocks = [(t.data_ptr(), t.numel()) for t in sends]
-        return self._reduce_scatter(output, blocks, sends, reduction)
+        return self._reduce_scatter(output, plan, blocks, sends, reduction)
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> ShmOp | None:
         """Reduce-scatter from one input, rank r's share at its r-th slice."""
-        dtype = output.dtype
-        if not (self.channel.reduces(dtype, reduction.kind) and self.channel.fits(dtype, self._size)):
+        plan = self.channel.plan(output.dtype, reduction.kind)
+        if plan is None or not self.channel.fits(output.dtype, self._size):
             return None
         send = premultiplied(tensor.contiguous(), reduction, in_place=False)
         count, base = output.numel(), send.data_ptr()
         blocks = [(base + k * count * send.element_size(), count) for k in range(self._size)]
-        return self._reduce_scatter(output, blocks, (send,), reduction)
+        return self._reduce_scatter(output, plan, blocks, (send,), reduction)
 
     def _reduce_scatter(
-        self, output: torch.Tensor, blocks: list[tuple[int, int]], inputs: Sequence[torch.Tensor], reduction: Reduction
-    ) -> ShmOp | None:
+        self, output: torch.Tensor, plan: Any, blocks: list[Block], inputs: Sequence[torch.Tensor], reduction: Reduction
+    ) -> ShmOp:
         after: After = []
         out = staged(output, after, copy_in=False)
         # The engine may write over an input block it has read by then (the
@@ -147,6 +150,6 @@ class NodeCollectives:
             after.append(lambda target=out: target.copy_(stand_in))
             out = stand_in
         after[:0] = averager(out, reduction, self._size)
-        op = self.channel.reduce_scatter(output.dtype, reduction.kind, blocks, out.data_ptr(), keep=(out, *inputs))
+        op = self.channel.reduce_scatter(plan, blocks, out.data_ptr(), keep=(out, *inputs))
         op.after = after
         return op

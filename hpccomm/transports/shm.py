@@ -165,9 +165,43 @@ class SharedMemoryChannel:
 
     # -- what the engine can do ---------------------------------------------
 
-    def reduces(self, dtype: torch.dtype, kind: Any) -> bool:
-        """Whether the engine reduces ``dtype`` with ``kind`` (SUM, ..., BXOR) here."""
-        return self._plan(dtype, kind) is not None
+    def plan(self, dtype: torch.dtype, kind: Any) -> Any:
+        """The engine's settings for collectives of ``dtype`` reduced with ``kind`` (None: no reduction).
+
+        Everything but the collective and its data; made once per pair. None
+        where the engine cannot reduce the pair (``kind`` is SUM, ..., BXOR).
+        The reducing collectives take the plan, so a caller learns that before
+        it stages, premultiplies or posts anything.
+        """
+        key = (dtype, kind)
+        plan = self._plans.get(key, _UNPLANNED)
+        if plan is not _UNPLANNED:
+            return plan
+        ffi, lib = _engine.ffi, _engine.lib
+        if kind is None:
+            reducer = (ffi.NULL, 0, 0, 0)
+        elif dtype == torch.bool:
+            kind = _BOOL_KINDS.get(kind, kind)
+            reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
+        elif dtype in half_reduce.HALF_DTYPES:
+            half = half_reduce.compiled_reducer(kind, dtype) if kind not in _BITWISE else None
+            # None where torch reduces them: those stay on MPI.
+            reducer = None if half is None else (ffi.cast("hpccomm_shm_reducer", half[0]), *half[1:])
+        elif dtype in _DTYPE_CODES and (kind == RedOpType.SUM or not dtype.is_complex):
+            reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
+        else:
+            reducer = None
+        plan = None
+        if reducer is not None:
+            plan = ffi.new("hpccomm_shm_op *")
+            plan.counters, plan.slots = self._counters, self._slots
+            plan.slot_stride, plan.buffer_stride = self._slot_stride, self._buffer_stride
+            plan.size, plan.rank = self.size, self.rank
+            plan.buffers = _BUFFERS
+            plan.elem_size = dtype.itemsize
+            plan.reduce, plan.dtype, plan.op, plan.path = reducer
+        self._plans[key] = plan
+        return plan
 
     def fits(self, dtype: torch.dtype, units: int) -> bool:
         """Whether a chunk of one element in each of ``units`` places fits a buffer."""
@@ -175,26 +209,21 @@ class SharedMemoryChannel:
 
     # -- posting ------------------------------------------------------------
 
-    def allreduce(self, tensor: torch.Tensor, kind: Any) -> ShmOp | None:
+    def allreduce(self, tensor: torch.Tensor, plan: Any) -> ShmOp:
         """Post an in-place all-reduce of the contiguous CPU ``tensor``; it runs as it is polled.
 
-        Returns:
-            the pending all-reduce, or None where the engine does not reduce
-            the dtype/op pair (then nothing was posted).
+        Args:
+            plan: :meth:`plan` of the tensor's dtype and the reduction (not None).
         """
-        plan = self._plans.get((tensor.dtype, kind), _UNPLANNED)
-        if plan is _UNPLANNED:
-            plan = self._plan(tensor.dtype, kind)
-        if plan is None:
-            return None
         return self._post(plan, ALLREDUCE, "all_reduce", tensor.numel(), 1, data=tensor.data_ptr(),
                           count=tensor.numel(), keep=(tensor,))
 
-    def reduce(self, tensor: torch.Tensor, root: int, kind: Any) -> ShmOp | None:
-        """Post a reduce of the contiguous ``tensor`` into the root's (the others' stay as they are), or None."""
-        plan = self._plan(tensor.dtype, kind)
-        if plan is None:
-            return None
+    def reduce(self, tensor: torch.Tensor, root: int, plan: Any) -> ShmOp:
+        """Post a reduce of the contiguous ``tensor`` into the root's (the others' stay as they are).
+
+        Args:
+            plan: :meth:`plan` of the tensor's dtype and the reduction (not None).
+        """
         return self._post(plan, REDUCE, "reduce", tensor.numel(), 1, data=tensor.data_ptr(), count=tensor.numel(),
                           root=root, keep=(tensor,))
 
@@ -204,7 +233,7 @@ class SharedMemoryChannel:
         Args:
             gate: polled before the broadcast starts; it starts once that returns True.
         """
-        plan = self._plan(tensor.dtype, None)
+        plan = self.plan(tensor.dtype, None)
         return self._post(plan, BROADCAST, "broadcast", tensor.numel(), 1, data=tensor.data_ptr(),
                           count=tensor.numel(), root=root, gate=gate, keep=(tensor,))
 
@@ -230,25 +259,23 @@ class SharedMemoryChannel:
             gate: polled before the all-gather starts; it starts once that returns True.
             keep: objects to hold until it completes (the tensors behind the addresses).
         """
-        plan = self._plan(dtype, None)
+        plan = self.plan(dtype, None)
         longest = max(count for _, count in blocks)
         return self._post(plan, ALLGATHER, "all_gather", longest, blocks_per_rank, data=source, blocks=blocks,
                           blocks_per_rank=blocks_per_rank, gate=gate, keep=keep)
 
     def reduce_scatter(
         self,
-        dtype: torch.dtype,
-        kind: Any,
+        plan: Any,
         blocks: Sequence[Block],
         output: int,
         blocks_per_rank: int = 1,
         keep: tuple[Any, ...] = (),
-    ) -> ShmOp | None:
+    ) -> ShmOp:
         """Post a reduce-scatter: each rank reduces its blocks of every rank's input into its output.
 
         Args:
-            dtype: the element type.
-            kind: the reduction (see :meth:`reduces`).
+            plan: :meth:`plan` of the element type and the reduction (not None).
             blocks: ``blocks_per_rank`` input blocks per rank, rank-major: the
                 blocks each rank reduces, in this rank's input.
             output: the address where this rank's reduced blocks go, back to
@@ -257,14 +284,7 @@ class SharedMemoryChannel:
                 it is written); it must not overlap the input otherwise.
             blocks_per_rank: blocks each rank reduces.
             keep: objects to hold until it completes.
-
-        Returns:
-            the pending reduce-scatter, or None where the engine does not
-            reduce the dtype/op pair.
         """
-        plan = self._plan(dtype, kind)
-        if plan is None:
-            return None
         longest = max(count for _, count in blocks)
         return self._post(plan, REDUCE_SCATTER, "reduce_scatter", longest, self.size * blocks_per_rank,
                           data=output, blocks=blocks, blocks_per_rank=blocks_per_rank, keep=keep)
@@ -313,41 +333,6 @@ class SharedMemoryChannel:
         work = ShmOp(self, op, name, keep, self._tail, gate)
         self._tail = work
         return work
-
-    def _plan(self, dtype: torch.dtype, kind: Any) -> Any:
-        """The engine's settings for collectives of ``dtype`` reduced with ``kind`` (None: no reduction).
-
-        Everything but the collective and its data; made once per pair. None
-        where the engine cannot reduce the pair.
-        """
-        key = (dtype, kind)
-        if key in self._plans:
-            return self._plans[key]
-        ffi, lib = _engine.ffi, _engine.lib
-        if kind is None:
-            reducer = (ffi.NULL, 0, 0, 0)
-        elif dtype == torch.bool:
-            kind = _BOOL_KINDS.get(kind, kind)
-            reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
-        elif dtype in half_reduce.HALF_DTYPES:
-            half = half_reduce.compiled_reducer(kind, dtype) if kind not in _BITWISE else None
-            # None where torch reduces them: those stay on MPI.
-            reducer = None if half is None else (ffi.cast("hpccomm_shm_reducer", half[0]), *half[1:])
-        elif dtype in _DTYPE_CODES and (kind == RedOpType.SUM or not dtype.is_complex):
-            reducer = (ffi.addressof(lib, "hpccomm_shm_reduce_into"), _DTYPE_CODES[dtype], _OP_CODES[kind], 0)
-        else:
-            reducer = None
-        plan = None
-        if reducer is not None:
-            plan = ffi.new("hpccomm_shm_op *")
-            plan.counters, plan.slots = self._counters, self._slots
-            plan.slot_stride, plan.buffer_stride = self._slot_stride, self._buffer_stride
-            plan.size, plan.rank = self.size, self.rank
-            plan.buffers = _BUFFERS
-            plan.elem_size = dtype.itemsize
-            plan.reduce, plan.dtype, plan.op, plan.path = reducer
-        self._plans[key] = plan
-        return plan
 
     def close(self) -> None:
         """Unmap the segment (local: ranks may close at different times).

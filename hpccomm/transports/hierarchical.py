@@ -39,23 +39,23 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any
 
 import torch
 
 from ..topology import Topology
 from ..world import mpi
-from .mpi import MAX_ELEMENTS_PER_CALL
+from .mpi import INT_MAX, MAX_ELEMENTS_PER_CALL
 from .mpi_types import Reduction, datatype
 from .shm import SharedMemoryChannel, ShmOp
-from .staging import After, averager, concat, overlaps, premultiplied, scatter_back, staged
+from .staging import After, averager, concat, overlaps, premultiplied, scatter_back, staged, unaliased
 
 #: A large collective goes in pieces of at least this many slots of the
 #: channel per rank's share (so at least one slot: 4 MiB by default), and at
 #: most _MAX_PIECES of them.
 _PIECE_SLOTS = 1
 _MAX_PIECES = 8
-_INT_MAX = 2**31 - 1
 
 
 class InterStage:
@@ -294,9 +294,7 @@ class Hierarchy:
         """All-gather into a list of outputs (sizes may differ per rank), through one flat buffer."""
         counts = [out.numel() for out in outputs]
         flat = torch.empty(sum(counts), dtype=tensor.dtype)
-        offsets = [0]
-        for n in counts[:-1]:
-            offsets.append(offsets[-1] + n)
+        offsets = [0, *accumulate(counts)][:-1]
         return self._allgather(flat, offsets, counts, tensor, [scatter_back(flat, outputs)])
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> HierarchicalPending | None:
@@ -311,15 +309,13 @@ class Hierarchy:
     ) -> HierarchicalPending | None:
         topo, channel, N = self._topo, self.channel, self._nodes
         dtype, itemsize = tensor.dtype, tensor.dtype.itemsize
-        if out.numel() > _INT_MAX or not channel.fits(dtype, N):
+        if out.numel() > INT_MAX or not channel.fits(dtype, N):
             return None
         me = topo.rank
         base = out.data_ptr()
         send: torch.Tensor | None = None
         if not (tensor.is_contiguous() and tensor.data_ptr() == base + offsets[me] * itemsize):
-            send = tensor.contiguous()
-            if overlaps(send, out):
-                send = send.clone()
+            send = unaliased(tensor.contiguous(), out)
         # Ranks with this rank's local rank, by node; and every local rank's ranks, by node.
         column = [topo.rank_at(j, self._local) for j in range(N)]
         columns = [[topo.rank_at(j, k) for j in range(N)] for k in range(self._local_size)]
@@ -349,9 +345,7 @@ class Hierarchy:
         """Reduce-scatter from a list of inputs, one per rank (sizes may differ per rank)."""
         counts = [t.numel() for t in inputs]
         send = premultiplied(concat(inputs, output.dtype), reduction, in_place=True)
-        offsets = [0]
-        for n in counts[:-1]:
-            offsets.append(offsets[-1] + n)
+        offsets = [0, *accumulate(counts)][:-1]
         return self._reduce_scatter(output, send, offsets, counts, reduction)
 
     def reduce_scatter_from(
@@ -368,7 +362,7 @@ class Hierarchy:
         topo, channel, N, L = self._topo, self.channel, self._nodes, self._local_size
         dtype, itemsize = output.dtype, output.dtype.itemsize
         plan = channel.plan(dtype, reduction.kind)
-        if send.numel() > _INT_MAX or plan is None or not channel.fits(dtype, L * N):
+        if send.numel() > INT_MAX or plan is None or not channel.fits(dtype, L * N):
             return None
         after: After = []
         out = staged(output, after, copy_in=False)

@@ -27,7 +27,7 @@ from .staging import After, averager, concat, premultiplied, scatter_back, stage
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.
 MAX_ELEMENTS_PER_CALL = 2**30
-_INT_MAX = 2**31 - 1
+INT_MAX = 2**31 - 1
 
 
 class MPIPending:
@@ -103,7 +103,7 @@ def _spans(tensor: torch.Tensor) -> list[tuple[Any, Any]]:
 
 
 def _check_count(op_name: str, total: int) -> None:
-    if total > _INT_MAX:
+    if total > INT_MAX:
         raise ValueError(
             f"hpccomm {op_name}: {total} elements exceed MPI's 32-bit count limit for this op "
             f"(only all_reduce, broadcast, reduce, send and recv split larger tensors)"

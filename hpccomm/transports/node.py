@@ -20,7 +20,7 @@ import torch
 
 from .mpi_types import Reduction
 from .shm import Block, SharedMemoryChannel, ShmOp
-from .staging import After, averager, overlaps, premultiplied, staged
+from .staging import After, averager, overlaps, premultiplied, staged, unaliased
 
 
 class NodeCollectives:
@@ -110,9 +110,7 @@ class NodeCollectives:
         source = 0
         keep: tuple[torch.Tensor, ...] = (out,)
         if not (tensor.is_contiguous() and tensor.data_ptr() == base + self._rank * nbytes):
-            send = tensor.contiguous()
-            if overlaps(send, out):
-                send = send.clone()
+            send = unaliased(tensor.contiguous(), out)
             source, keep = send.data_ptr(), (out, send)
         blocks = [(base + k * nbytes, count) for k in range(self._size)]
         op = self.channel.allgather(tensor.dtype, blocks, source, keep=keep)

@@ -202,6 +202,9 @@ class Hierarchy:
         self._local = topo.local_rank
         self._node = topo.node
         self._size = topo.size
+        # Every local rank's ranks, by node; this rank's column is the ranks with its local rank.
+        self._columns = [[topo.rank_at(j, k) for j in range(self._nodes)] for k in range(self._local_size)]
+        self._column = self._columns[self._local]
         self._fromaddress = mpi().buffer.fromaddress
 
     def close(self, in_flight: bool = False) -> None:
@@ -293,32 +296,36 @@ class Hierarchy:
     def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> HierarchicalPending | None:
         """All-gather into a list of outputs (sizes may differ per rank), through one flat buffer."""
         counts = [out.numel() for out in outputs]
-        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        total = sum(counts)
+        if not self._gathers(tensor.dtype, total):
+            return None
+        flat = torch.empty(total, dtype=tensor.dtype)
         offsets = [0, *accumulate(counts)][:-1]
         return self._allgather(flat, offsets, counts, tensor, [scatter_back(flat, outputs)])
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> HierarchicalPending | None:
         """All-gather into one output, rank r's tensor at the r-th slice (in place as FSDP2 calls it)."""
+        if not self._gathers(tensor.dtype, output.numel()):
+            return None
         after: After = []
         out = staged(output, after, copy_in=False)
         count = tensor.numel()
         return self._allgather(out, [r * count for r in range(self._size)], [count] * self._size, tensor, after)
 
+    def _gathers(self, dtype: torch.dtype, total: int) -> bool:
+        """Whether :meth:`_allgather` takes an output of ``total`` elements."""
+        return total <= INT_MAX and self.channel.fits(dtype, self._nodes)
+
     def _allgather(
         self, out: torch.Tensor, offsets: list[int], counts: list[int], tensor: torch.Tensor, after: After
-    ) -> HierarchicalPending | None:
-        topo, channel, N = self._topo, self.channel, self._nodes
+    ) -> HierarchicalPending:
+        channel, N, column, columns = self.channel, self._nodes, self._column, self._columns
         dtype, itemsize = tensor.dtype, tensor.dtype.itemsize
-        if out.numel() > INT_MAX or not channel.fits(dtype, N):
-            return None
-        me = topo.rank
+        me = self._topo.rank
         base = out.data_ptr()
         send: torch.Tensor | None = None
         if not (tensor.is_contiguous() and tensor.data_ptr() == base + offsets[me] * itemsize):
             send = unaliased(tensor.contiguous(), out)
-        # Ranks with this rank's local rank, by node; and every local rank's ranks, by node.
-        column = [topo.rank_at(j, self._local) for j in range(N)]
-        columns = [[topo.rank_at(j, k) for j in range(N)] for k in range(self._local_size)]
         pieces = _pieces(max(counts), itemsize, 1, channel.slot_bytes)
         finals: list[Any] = []
         for p in range(pieces):
@@ -344,26 +351,42 @@ class Hierarchy:
     ) -> HierarchicalPending | None:
         """Reduce-scatter from a list of inputs, one per rank (sizes may differ per rank)."""
         counts = [t.numel() for t in inputs]
+        plan = self._reducer(output.dtype, reduction, sum(counts))
+        if plan is None:
+            return None
         send = premultiplied(concat(inputs, output.dtype), reduction, in_place=True)
         offsets = [0, *accumulate(counts)][:-1]
-        return self._reduce_scatter(output, send, offsets, counts, reduction)
+        return self._reduce_scatter(output, plan, send, offsets, counts, reduction)
 
     def reduce_scatter_from(
         self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction
     ) -> HierarchicalPending | None:
         """Reduce-scatter from one input, rank r's share at its r-th slice."""
+        plan = self._reducer(output.dtype, reduction, tensor.numel())
+        if plan is None:
+            return None
         send = premultiplied(tensor.contiguous(), reduction, in_place=False)
         count = output.numel()
-        return self._reduce_scatter(output, send, [r * count for r in range(self._size)], [count] * self._size, reduction)
+        offsets, counts = [r * count for r in range(self._size)], [count] * self._size
+        return self._reduce_scatter(output, plan, send, offsets, counts, reduction)
+
+    def _reducer(self, dtype: torch.dtype, reduction: Reduction, total: int) -> Any:
+        """The channel's plan for :meth:`_reduce_scatter` of ``total`` input elements, or None where it cannot."""
+        if total > INT_MAX or not self.channel.fits(dtype, self._local_size * self._nodes):
+            return None
+        return self.channel.plan(dtype, reduction.kind)
 
     def _reduce_scatter(
-        self, output: torch.Tensor, send: torch.Tensor, offsets: list[int], counts: list[int], reduction: Reduction
-    ) -> HierarchicalPending | None:
-        topo, channel, N, L = self._topo, self.channel, self._nodes, self._local_size
+        self,
+        output: torch.Tensor,
+        plan: Any,
+        send: torch.Tensor,
+        offsets: list[int],
+        counts: list[int],
+        reduction: Reduction,
+    ) -> HierarchicalPending:
+        topo, channel, N, column, columns = self._topo, self.channel, self._nodes, self._column, self._columns
         dtype, itemsize = output.dtype, output.dtype.itemsize
-        plan = channel.plan(dtype, reduction.kind)
-        if send.numel() > INT_MAX or plan is None or not channel.fits(dtype, L * N):
-            return None
         after: After = []
         out = staged(output, after, copy_in=False)
         if overlaps(out, send):
@@ -371,8 +394,6 @@ class Hierarchy:
             after.append(lambda target=out: target.copy_(stand_in))
             out = stand_in
         after[:0] = averager(out, reduction, self._size)
-        column = [topo.rank_at(j, self._local) for j in range(N)]
-        columns = [[topo.rank_at(j, k) for j in range(N)] for k in range(L)]
         # This rank's node-reduced blocks (those of its column), piece by piece.
         partial = torch.empty(sum(counts[g] for g in column), dtype=dtype)
         base, partial_at, out_at = send.data_ptr(), partial.data_ptr(), out.data_ptr()

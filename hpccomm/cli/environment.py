@@ -29,8 +29,16 @@ HALF_PATH_FEATURES = {
     "avx512": ("avx512f",),
     "avx512bf16": ("avx512f", "avx512bw", "avx512dq", "avx512_bf16"),
 }
-#: HPCCOMM_* variables read outside hpccomm/config.py, and by what.
-OTHER_KNOBS = {"HPCCOMM_SRUN_MPI": "read by hpccomm-run"}
+#: HPCCOMM_* variables read outside hpccomm/config.py, and by what (slurm/*.sbatch: the job templates).
+OTHER_KNOBS = {
+    "HPCCOMM_SRUN_MPI": "read by hpccomm-run and the srun templates",
+    "HPCCOMM_VENV": "read by the Slurm templates",
+    "HPCCOMM_SCRIPT": "read by the Slurm templates",
+    "HPCCOMM_SCRIPT_ARGS": "read by the Slurm templates",
+    "HPCCOMM_MPIRUN": "read by slurm/mpirun.sbatch",
+    "HPCCOMM_MPIRUN_ARGS": "read by slurm/mpirun.sbatch",
+    "HPCCOMM_GPUS_PER_TASK": "read by slurm/multi_node_gpu.sbatch",
+}
 _THREAD_LEVELS = ("single", "funneled", "serialized", "multiple")
 
 

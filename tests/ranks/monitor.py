@@ -86,6 +86,9 @@ def rank_0_with_no_time_left_says_so() -> None:
 def a_gloo_group_is_refused_clearly() -> None:
     gloo = dist.new_group(backend="gloo")
     expect_error(ValueError, "monitored_barrier", lambda: hpccomm.monitored_barrier(gloo))
+    # Gloo connects its ranks pairwise while new_group returns; a rank that destroyed the group
+    # first would close a connection a slower peer is still making ("Connection closed by peer").
+    dist.barrier(group=gloo)
     dist.destroy_process_group(gloo)
 
 

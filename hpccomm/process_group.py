@@ -203,7 +203,11 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
         work = HpcWork(post, outputs, label, timeout_s)
         self._forget_ended_works()
         self._async_works.append(work)
-        engine().submit(work)
+        if peer == -1:
+            engine().submit(work)
+        elif not work.poll():  # a small send, or a receive already matched, ends here
+            # A point-to-point op's caller usually waits on it at once: no need to wake the thread.
+            engine().submit(work, prompt=False)
         return work
 
     def _precheck(self, op: str, **signature: object) -> None:

@@ -9,7 +9,13 @@ callbacks: it hands the settling to :mod:`hpccomm.callbacks`, so a callback
 that waits on other work cannot stall the thread that would complete it.
 
 The thread starts on the first asynchronous operation and sleeps on a
-condition variable while there is nothing to drive. At interpreter exit,
+condition variable while there is nothing to drive. Waking it costs the
+caller a thread switch and a turn of the GIL (on two busy cores, over half of
+a 4-byte send/recv round trip), so it is woken at once only for collectives,
+which their callers overlap with compute. Point-to-point work is usually
+waited on right away, by its own caller: for a while after its last work the
+thread keeps looking for new work every :data:`_LOOK_S` by itself, and such
+work is left for it to find then. At interpreter exit,
 before mpi4py finalises MPI, work still in flight is driven to completion
 (bounded by :data:`DRAIN_TIMEOUT_S`) and the thread is joined: MPI must not
 write into tensors Python is freeing, and no thread may be inside MPI while
@@ -29,6 +35,10 @@ from .work import HpcWork
 _JOIN_TIMEOUT_S = 5.0
 #: How often the thread looks again at work that waiters are driving.
 _IDLE_RECHECK_S = 0.001
+#: How often the thread looks for new work while it lingers, and how long it
+#: lingers after its last work before sleeping until woken.
+_LOOK_S = 0.002
+_LINGER_S = 0.05
 #: At exit, how long to keep driving work that was posted but never waited on.
 DRAIN_TIMEOUT_S = 30.0
 
@@ -47,14 +57,23 @@ class ProgressEngine:
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # Whether the thread will look at the work list again soon without a
+        # notify (it is running, or lingering after its last work).
+        self._looking = True
 
     @property
     def enabled(self) -> bool:
         """Whether a background thread drives submitted work."""
         return self._enabled
 
-    def submit(self, work: HpcWork) -> None:
-        """Drive ``work`` in the background until it completes."""
+    def submit(self, work: HpcWork, prompt: bool = True) -> None:
+        """Drive ``work`` in the background until it completes.
+
+        Args:
+            work: the posted work.
+            prompt: wake the thread now; else, where the thread is looking
+                for work by itself, let it find ``work`` within ``_LOOK_S``.
+        """
         if not self._enabled:
             return
         with self._wakeup:
@@ -64,7 +83,8 @@ class ProgressEngine:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hpccomm-progress", daemon=True)
                 self._thread.start()
-            self._wakeup.notify()
+            elif prompt or not self._looking:
+                self._wakeup.notify()
 
     def pending(self) -> int:
         """How many submitted works have not completed yet."""
@@ -74,8 +94,8 @@ class ProgressEngine:
     def _run(self) -> None:
         while True:
             with self._wakeup:
-                while not self._works and not self._stopping:
-                    self._wakeup.wait()
+                if not self._works:
+                    self._linger()
                 if self._stopping:
                     return
                 works = [work for work in self._works if not work.waiters]
@@ -92,6 +112,16 @@ class ProgressEngine:
             else:
                 # Let the compute thread have the GIL between polls.
                 time.sleep(0)
+
+    def _linger(self) -> None:
+        """Look for new work every ``_LOOK_S`` for ``_LINGER_S``, then sleep until woken. Holds the lock."""
+        give_up = time.monotonic() + _LINGER_S
+        while not self._works and not self._stopping and time.monotonic() < give_up:
+            self._wakeup.wait(_LOOK_S)
+        self._looking = False
+        while not self._works and not self._stopping:
+            self._wakeup.wait()
+        self._looking = True
 
     def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
         """Drive every submitted work to completion; True if all ended in time."""

@@ -23,22 +23,54 @@ RANK, SIZE = dist.get_rank(), dist.get_world_size()
 PROGRESS_THREAD = os.environ.get("HPCCOMM_PROGRESS_THREAD", "1") != "0"
 
 
+def watch_without_mpi(future: torch.futures.Future, what: str) -> None:
+    """Wait for ``future`` making no MPI call: only the progress thread can complete its work."""
+    deadline = time.monotonic() + 10
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert future.done(), f"{what} made no progress without wait()"
+
+
 @check
 def async_work_completes_without_being_waited_on() -> None:
     t = torch.ones(1 << 16)
     work = dist.all_reduce(t, async_op=True)
     future = work.get_future()
     if PROGRESS_THREAD:
-        deadline = time.monotonic() + 10
-        while not future.done() and time.monotonic() < deadline:
-            time.sleep(0.01)  # no MPI call here: only the progress thread can finish it
-        assert future.done(), "async all_reduce made no progress without wait()"
+        watch_without_mpi(future, "async all_reduce")
     else:
         # Nothing would complete the future behind the caller's back: get_future drives the work.
         assert future.done(), "HPCCOMM_PROGRESS_THREAD=0: get_future returned a future nobody completes"
     assert work.is_completed() and work.is_success() and work.exception() is None
     assert torch.equal(t, torch.full_like(t, SIZE))
     assert work.result()[0] is t
+
+
+@check
+def point_to_point_work_completes_without_being_waited_on() -> None:
+    # Point-to-point work does not wake the progress thread when posted; the
+    # thread must find it whether it was asleep or lingering after other work.
+    if SIZE < 2 or not PROGRESS_THREAD:
+        return  # without the thread, get_future() drives the work (checked above)
+    numel = 1 << 18  # 1 MiB: past MPI's eager limits, so a send needs the receiver's progress
+    for state in ("asleep", "lingering"):
+        if state == "asleep":
+            time.sleep(0.2)  # past the thread's linger: posting must wake it
+        else:
+            dist.all_reduce(torch.ones(1), async_op=True).wait()  # the thread has just had work
+        if RANK == 0:
+            received = torch.zeros(numel)
+            watch_without_mpi(dist.irecv(received, src=1, tag=60).get_future(), f"irecv posted, thread {state},")
+            assert torch.equal(received, torch.full((numel,), 3.0)), f"irecv, thread {state}: wrong data"
+            sent = dist.isend(torch.full((numel,), 4.0), dst=1, tag=61)
+            watch_without_mpi(sent.get_future(), f"isend posted, thread {state},")
+        elif RANK == 1:
+            time.sleep(0.05)  # rank 0 posts its irecv first
+            dist.send(torch.full((numel,), 3.0), dst=0, tag=60)
+            received = torch.zeros(numel)
+            dist.recv(received, src=0, tag=61)
+            assert torch.equal(received, torch.full((numel,), 4.0)), f"recv, thread {state}: wrong data"
+        dist.barrier()
 
 
 @check

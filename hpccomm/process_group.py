@@ -201,13 +201,14 @@ class ProcessGroupHpccomm(dist.ProcessGroup):
                 self._stranded = True
                 raise
         work = HpcWork(post, outputs, label, timeout_s)
+        collective = peer == -1
+        # Tested before any other thread can see it: a small send, or a receive already matched, ends here.
+        if not collective and work.ended_when_posted():
+            return work
         self._forget_ended_works()
         self._async_works.append(work)
-        if peer == -1:
-            engine().submit(work)
-        elif not work.poll():  # a small send, or a receive already matched, ends here
-            # A point-to-point op's caller usually waits on it at once: no need to wake the thread.
-            engine().submit(work, prompt=False)
+        # A point-to-point op's caller usually waits on it at once: no need to wake the thread.
+        engine().submit(work, prompt=collective)
         return work
 
     def _precheck(self, op: str, **signature: object) -> None:

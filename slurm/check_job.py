@@ -4,8 +4,9 @@ Run it through any template in this directory, e.g.
 
     sbatch slurm/multi_node.sbatch slurm/check_job.py --world-size 4 --nodes 2
 
-Every rank takes part in every check, then rank 0 prints one ``CHECK <name> ... OK`` (or
-``FAIL``) line per check, one ``RANKINFO`` line per rank, and finally ``ALL CHECKS OK``.
+Every rank prints one ``STARTED`` line once MPI is up on it and takes part in every check,
+then rank 0 prints one ``CHECK <name> ... OK`` (or ``FAIL``) line per check, one ``RANKINFO``
+line per rank, and finally ``ALL CHECKS OK``.
 Any failed check makes every rank exit 1; an unexpected exception on one rank aborts the whole
 MPI job (an exception on one rank alone would leave the others hanging in a collective).
 
@@ -61,8 +62,12 @@ def abort_world(code):
 def run_checks(args):
     import torch
     import torch.distributed as dist
-    import hpccomm  # noqa: F401  registers the "hpccomm" backend
+    import hpccomm  # registers the "hpccomm" backend
 
+    # hpccomm.identity() starts MPI (MPI_Init, then the node and control communicators). A rank
+    # that crashes before its STARTED line crashed there, before any hpccomm collective ran.
+    started = hpccomm.identity()
+    print(f"STARTED rank={started.rank} host={socket.gethostname()} pid={os.getpid()}", flush=True)
     dist.init_process_group("hpccomm")
     rank, world = dist.get_rank(), dist.get_world_size()
     results = []  # (name, ok, detail) -- identical on every rank: computed from gathered data

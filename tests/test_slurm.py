@@ -61,20 +61,35 @@ TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "
 # resubmitted once, with a warning.
 SLURM_PMI1_RACE = "mpi/pmi2: value not properly terminated in client request"
 
-# Open MPI 5.0.11 under srun --mpi=pmix across nodes: two ranks still inside MPI_Init (which
-# mpi4py calls on import) took a message from ranks that had finished it (as MPI allows) and
-# segfaulted in ob1's matching (address 0xe0), inside the MPI library. Seen once (the hpccomm_run
-# template) in about ten runs of the multi-node templates in a day. Such a job is also
-# resubmitted once, with a warning; a second crash fails the test.
-OPENMPI_INIT_CRASH = ("mca_pml_ob1_recv_frag_callback_match", "ompi_mpi_init")
+# Open MPI under srun --mpi=pmix across nodes: a rank still inside MPI_Init (which hpccomm calls
+# when it starts MPI) can take a message from ranks that have finished it (as MPI allows) before
+# the library is ready to match it, and crash (open-mpi/ompi#12495). Seen with the 5.0.11 wheel
+# (a segfault in ob1's matching, mca_pml_ob1_recv_frag_callback_match at address 0xe0, inside
+# ompi_mpi_init; the hpccomm_run template, once in about ten runs in a day) and with Debian's
+# 4.1.4 (a segfault at address 0 whose backtrace ends at the signal frame; multi_node_gpu, once in
+# a landing CI, in a job where no rank had connected to the store yet). check_job.py prints a
+# STARTED line on each rank once MPI is up, so such a crash shows as a process that Open MPI
+# reports crashed ("[host:pid] *** Process received signal ***") with no STARTED line. Such a
+# job is resubmitted once, with a warning; a second crash fails the test.
+OPENMPI_CRASHED = re.compile(r"^\[([\w.-]+):(\d+)\] \*\*\* Process received signal \*\*\*", re.M)
+STARTED = re.compile(r"^STARTED rank=\d+ host=(\S+) pid=(\d+)$", re.M)
+
+
+def _crashed_while_starting_mpi(output: str) -> bool:
+    """Whether every process Open MPI reports crashed had not printed its STARTED line yet."""
+    def processes(pattern):
+        return {(host.split(".")[0], pid) for host, pid in pattern.findall(output)}
+
+    crashed = processes(OPENMPI_CRASHED)
+    return bool(crashed) and not crashed & processes(STARTED)
 
 
 def _launch_race(output: str) -> str | None:
     """Which known start-up failure of the MPI stack (not of hpccomm) ``output`` shows, if any."""
     if SLURM_PMI1_RACE in output:
         return "Slurm's PMI-1 read race"
-    if all(mark in output for mark in OPENMPI_INIT_CRASH):
-        return "Open MPI's crash inside MPI_Init"
+    if _crashed_while_starting_mpi(output):
+        return "a crash inside Open MPI's start-up"
     return None
 
 
@@ -336,6 +351,31 @@ def _rankinfo(output: str) -> list[dict[str, str]]:
 
 def test_every_template_is_tested():
     assert sorted(GOOD_JOBS) == ALL_TEMPLATES
+
+
+# The crash of a landing CI run (Debian's Open MPI 4.1.4, multi_node_gpu), as the job printed it.
+_CRASH_41 = """hpccomm-slurm: job 2 on n[1-2]: 4 ranks on 2 nodes, 1 GPU(s) per rank, srun --mpi=pmix (openmpi)
+[n2:30339] *** Process received signal ***
+[n2:30339] Signal: Segmentation fault (11)
+[n2:30339] Signal code: Address not mapped (1)
+[n2:30339] Failing at address: (nil)
+[n2:30339] [ 0] /lib/x86_64-linux-gnu/libc.so.6(+0x3c050)[0x7f0beae5a050]
+[n2:30339] *** End of error message ***
+srun: error: n2: task 3: Segmentation fault
+"""
+
+
+@pytest.mark.parametrize("started, start_up_crash", [
+    ([], True),                                               # no rank had MPI up
+    ([("n1", 30001), ("n2", 30338)], True),                   # others had, the crashed one not
+    ([("n1", 30001), ("n2", 30339)], False),                  # the crashed rank was past start-up
+    ([("n1", 30339)], True),                                  # same pid, other node
+])
+def test_a_crash_is_blamed_on_mpi_start_up_only_before_the_rank_started(started, start_up_crash):
+    lines = "".join(f"STARTED rank={r} host={host} pid={pid}\n" for r, (host, pid) in enumerate(started))
+    output = _CRASH_41.replace("[n2:30339] *** Process received signal", lines + "[n2:30339] *** Process received signal", 1)
+    assert (_launch_race(output) is not None) == start_up_crash
+    assert _launch_race(lines) is None  # no crash at all
 
 
 @pytest.mark.parametrize("template", sorted(GOOD_JOBS))

@@ -6,7 +6,10 @@ all_reduce that needs it:
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
     sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
-          way, then SIGKILLs itself while the others are inside it.
+          way, then SIGKILLs itself while the others are inside it. No rank
+          runs a progress thread: on rank 1 one could drive the whole of its
+          share before the kill (seen once on a loaded machine: the others
+          completed the all_reduce).
     skip: rank 1 skips one all_reduce but stays alive; the others must time
           out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
@@ -23,14 +26,17 @@ import sys
 import time
 from datetime import timedelta
 
-import hpccomm  # noqa: F401
-import torch
-import torch.distributed as dist
-from hpccomm.work import CommTimeoutError
-from rankcheck import say
-
 mode = sys.argv[1]
 timeout_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
+if mode == "sigkill-inside":
+    os.environ["HPCCOMM_PROGRESS_THREAD"] = "0"  # read once, when hpccomm is imported
+
+import hpccomm  # noqa: E402,F401
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from hpccomm.work import CommTimeoutError  # noqa: E402
+from rankcheck import say  # noqa: E402
+
 dist.init_process_group("hpccomm", timeout=timedelta(seconds=timeout_s))
 rank, size = dist.get_rank(), dist.get_world_size()
 t = torch.ones(4)

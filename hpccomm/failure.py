@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -52,6 +53,10 @@ _departed: set[int] = set()
 _first_seen: dict[int, float] = {}
 #: peer rank -> (posted receive for its goodbye, its 1-byte buffer)
 _inbox: dict[int, tuple[Any, bytearray]] = {}
+#: Held while a thread tests or cancels the goodbye receives: MPI forbids two
+#: threads completing one request, and the progress thread and a waiting
+#: caller both check for departed peers.
+_inbox_lock = threading.Lock()
 _after_goodbye: list[Callable[[], None]] = []
 
 
@@ -120,11 +125,12 @@ def _say_goodbye(world_size: int) -> None:
             step()
         except Exception as exc:  # the others still run; exit goes on
             print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
-    for request, _buf in _inbox.values():
-        if not request.Test():
-            request.Cancel()
-            request.Wait()
-    _inbox.clear()
+    with _inbox_lock:
+        for request, _buf in _inbox.values():
+            if not request.Test():
+                request.Cancel()
+                request.Wait()
+        _inbox.clear()
 
 
 def departed(ranks: Iterable[int]) -> list[int]:
@@ -143,8 +149,16 @@ def departed(ranks: Iterable[int]) -> list[int]:
 
 
 def _collect_goodbyes() -> None:
-    if not _inbox:
+    # A thread that finds another collecting skips this round: it sees the result in _departed.
+    if not _inbox or not _inbox_lock.acquire(blocking=False):
         return
+    try:
+        _test_inbox()
+    finally:
+        _inbox_lock.release()
+
+
+def _test_inbox() -> None:
     peers = list(_inbox)
     arrived = mpi().Request.Testsome([_inbox[peer][0] for peer in peers]) or []
     now = time.monotonic()

@@ -27,6 +27,7 @@ this rank's goodbye from the others and must still learn of ranks that leave.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 import time
@@ -46,6 +47,10 @@ GRACE_S = 1.0
 
 #: How long exit waits for this rank's goodbyes to be delivered.
 _GOODBYE_WAIT_S = 2.0
+#: If MPI_Abort has not ended this process by then, it exits without it: the
+#: launcher ends a job whose rank dies without finalising MPI. (Debian's Open
+#: MPI 4.1.4 once left a job hanging after two of its ranks called MPI_Abort.)
+_ABORT_WAIT_S = 3.0
 
 _control: Any = None
 _rank = -1
@@ -105,10 +110,17 @@ def _aborting_hook(previous: Any) -> Any:
         err.flush()
         sys.stdout.flush()
         time.sleep(_FLUSH_S)
+        _exit_unless_aborted_within(_ABORT_WAIT_S)
         mpi().COMM_WORLD.Abort(1)
 
     del previous  # replaced: printing and then aborting is the whole job
     return hook
+
+
+def _exit_unless_aborted_within(seconds: float) -> None:
+    backstop = threading.Timer(seconds, os._exit, (1,))
+    backstop.daemon = True
+    backstop.start()
 
 
 def _say_goodbye(world_size: int) -> None:

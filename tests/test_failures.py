@@ -26,6 +26,11 @@ def test_one_rank_failing_ends_the_job_fast(nprocs, mode, evidence, transport):
     check_failed_fast(run, mode, evidence)
 
 
+def test_a_rank_whose_mpi_abort_hangs_still_ends_the_job_fast():
+    run = run_ranks(2, "failures.py", "abort-hangs", limit_s=120)
+    check_failed_fast(run, "abort-hangs", ["rank 1", "its MPI_Abort hangs", "aborting the job"])
+
+
 def test_a_rank_leaving_during_a_shared_memory_all_reduce_ends_the_job_fast():
     check_failed_fast(run_ranks(3, "failures.py", "exit3", env=SHM, limit_s=120), "exit3", ["rank(s) 1 left the job"])
 

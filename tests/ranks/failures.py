@@ -5,6 +5,8 @@ all_reduce that needs it:
     raise: an uncaught exception.
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
+    abort-hangs: an uncaught exception whose MPI_Abort never returns (made
+          to sleep): hpccomm's backstop must still end the rank, and so the job.
     sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
           way, then SIGKILLs itself while the others are inside it. No rank
           runs a progress thread: on rank 1 one could drive the whole of its
@@ -47,6 +49,16 @@ if rank == 1 and mode == "raise":
     raise ValueError("rank 1 fails on purpose")
 if rank == 1 and mode == "exit3":
     sys.exit(3)
+if rank == 1 and mode == "abort-hangs":
+    import hpccomm.failure
+
+    class _HangingWorld:
+        @staticmethod
+        def Abort(code: int) -> None:
+            time.sleep(3600)
+
+    hpccomm.failure.mpi = lambda: type("_MPI", (), {"COMM_WORLD": _HangingWorld})
+    raise ValueError("rank 1 fails on purpose; its MPI_Abort hangs")
 if rank == 1 and mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sigkill-inside":

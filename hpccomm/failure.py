@@ -27,7 +27,7 @@ this rank's goodbye from the others and must still learn of ranks that leave.
 from __future__ import annotations
 
 import atexit
-import os
+import signal
 import sys
 import threading
 import time
@@ -47,10 +47,11 @@ GRACE_S = 1.0
 
 #: How long exit waits for this rank's goodbyes to be delivered.
 _GOODBYE_WAIT_S = 2.0
-#: If MPI_Abort has not ended this process by then, it exits without it: the
-#: launcher ends a job whose rank dies without finalising MPI. (Debian's Open
-#: MPI 4.1.4 once left a job hanging after two of its ranks called MPI_Abort.)
-_ABORT_WAIT_S = 3.0
+#: If MPI_Abort has not ended this process within this many seconds, SIGALRM
+#: ends it: the launcher ends a job whose rank dies without finalising MPI.
+#: (Debian's Open MPI 4.1.4 has twice left a job hanging after ranks called
+#: MPI_Abort.)
+_ABORT_WAIT_S = 3
 
 _control: Any = None
 _rank = -1
@@ -117,10 +118,13 @@ def _aborting_hook(previous: Any) -> Any:
     return hook
 
 
-def _exit_unless_aborted_within(seconds: float) -> None:
-    backstop = threading.Timer(seconds, os._exit, (1,))
-    backstop.daemon = True
-    backstop.start()
+def _exit_unless_aborted_within(seconds: int) -> None:
+    # mpi4py calls MPI_Abort without releasing the GIL, so while it hangs no
+    # Python thread runs, nor any Python signal handler: the kernel must end
+    # the process, by SIGALRM's default action.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    signal.alarm(seconds)
 
 
 def _say_goodbye(world_size: int) -> None:

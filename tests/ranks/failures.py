@@ -6,7 +6,8 @@ all_reduce that needs it:
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
     abort-hangs: an uncaught exception whose MPI_Abort never returns (made
-          to sleep): hpccomm's backstop must still end the rank, and so the job.
+          to sleep in C holding the GIL, as mpi4py's Abort holds it): hpccomm's
+          backstop must still end the rank, and so the job.
     sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
           way, then SIGKILLs itself while the others are inside it. No rank
           runs a progress thread: on rank 1 one could drive the whole of its
@@ -50,12 +51,14 @@ if rank == 1 and mode == "raise":
 if rank == 1 and mode == "exit3":
     sys.exit(3)
 if rank == 1 and mode == "abort-hangs":
+    import ctypes
+
     import hpccomm.failure
 
     class _HangingWorld:
         @staticmethod
         def Abort(code: int) -> None:
-            time.sleep(3600)
+            ctypes.PyDLL(None).sleep(3600)  # PyDLL: the call keeps the GIL
 
     hpccomm.failure.mpi = lambda: type("_MPI", (), {"COMM_WORLD": _HangingWorld})
     raise ValueError("rank 1 fails on purpose; its MPI_Abort hangs")

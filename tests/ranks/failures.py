@@ -8,11 +8,13 @@ all_reduce that needs it:
     abort-hangs: an uncaught exception whose MPI_Abort never returns (made
           to sleep in C holding the GIL, as mpi4py's Abort holds it): hpccomm's
           backstop must still end the rank, and so the job.
-    sigkill-inside: rank 1 posts a large all_reduce, drives it part of the
-          way, then SIGKILLs itself while the others are inside it. No rank
-          runs a progress thread: on rank 1 one could drive the whole of its
-          share before the kill (seen once on a loaded machine: the others
-          completed the all_reduce).
+    sigkill-inside: a hierarchical all_reduce (HPCCOMM_ALGO=hier) that
+          rank 1 leaves half done: it SIGKILLs itself at the moment it would
+          post its first inter-node stage, its node-local reduce-scatter done,
+          so every other rank is inside the collective and needs it (its node
+          peer for the node-local all-gather, its inter-node peer for the
+          all-reduce). A fixed point, not a count of polls: however far
+          polls went, they once let rank 1 finish its share under load.
     skip: rank 1 skips one all_reduce but stays alive; the others must time
           out with a clear error, then all destroy and exit without hanging.
     abort: rank 1 skips an async all_reduce on a subgroup; the others abort the
@@ -31,9 +33,6 @@ from datetime import timedelta
 
 mode = sys.argv[1]
 timeout_s = float(sys.argv[2]) if len(sys.argv) > 2 else 60.0
-if mode == "sigkill-inside":
-    os.environ["HPCCOMM_PROGRESS_THREAD"] = "0"  # read once, when hpccomm is imported
-
 import hpccomm  # noqa: E402,F401
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -66,12 +65,11 @@ if rank == 1 and mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sigkill-inside":
     big = torch.ones(4 << 20)
-    work = dist.all_reduce(big, async_op=True)
     if rank == 1:
-        for _ in range(3):
-            work.is_completed()  # some progress, not all: the others are inside the collective
-        os.kill(os.getpid(), signal.SIGKILL)
-    work.wait()
+        from hpccomm.transports.hierarchical import InterStage
+
+        InterStage.start = lambda stage: os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(big)
     say(f"UNEXPECTED rank={rank}: all_reduce completed without rank 1")
 
 if mode == "skip":

@@ -113,6 +113,7 @@ def run_launcher(
         return RankRun(proc.returncode, output, False)
     except subprocess.TimeoutExpired:
         ranks = _descendants(proc.pid)
+        hung = _describe([proc.pid, *ranks])
         os.killpg(proc.pid, signal.SIGKILL)
         for pid in ranks:
             try:
@@ -120,7 +121,7 @@ def run_launcher(
             except ProcessLookupError:
                 pass
         output, _ = proc.communicate()
-        return RankRun(proc.returncode, output, True)
+        return RankRun(proc.returncode, f"{output}\nstill running at the {limit_s:.0f} s limit:\n{hung}", True)
 
 
 def _descendants(root: int) -> list[int]:
@@ -141,6 +142,26 @@ def _descendants(root: int) -> list[int]:
         found += kids
         frontier += kids
     return found
+
+
+def _describe(pids: list[int]) -> str:
+    """One line per live process: PID, state, the kernel function it sleeps in, command line.
+
+    Says, of a hang, whether the ranks were still alive (and blocked where) or only the launcher.
+    """
+    lines = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{pid}/wchan") as wchan:
+                waits_in = wchan.read() or "-"
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # ended meanwhile
+        lines.append(f"  pid {pid} state {state} in {waits_in}: {command[:160]}")
+    return "\n".join(lines) or "  (none: every process had ended)"
 
 
 def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
@@ -165,7 +186,7 @@ def check_failed_fast(run: RankRun, mode: str, evidence: list[str]) -> None:
     assert run.returncode != 0, f"launcher exited 0 although rank 1 failed:\n{run.output[-4000:]}"
     took = ended - ready_time(run)
     assert took < FAIL_FAST_S, f"job took {took:.1f}s to end after the failure"
-    assert "UNEXPECTED" not in run.output
+    assert "UNEXPECTED" not in run.output, f"a rank went on as if rank 1 had not failed:\n{run.output[-4000:]}"
     for fragment in evidence:
         assert fragment in run.output, f"output does not say {fragment!r}:\n{run.output[-4000:]}"
     if mode.startswith("sigkill"):

@@ -124,6 +124,11 @@ def run_launcher(
         return RankRun(proc.returncode, f"{output}\nstill running at the {limit_s:.0f} s limit:\n{hung}", True)
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name: state, parent PID, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _descendants(root: int) -> list[int]:
     """PIDs of every process descended from ``root``, read from /proc."""
     children: dict[int, list[int]] = {}
@@ -131,8 +136,7 @@ def _descendants(root: int) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            parent = int(_stat(entry)[1])
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(parent, []).append(int(entry))
@@ -152,15 +156,12 @@ def _describe(pids: list[int]) -> str:
     lines = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-            with open(f"/proc/{pid}/wchan") as wchan:
-                waits_in = wchan.read() or "-"
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
+            state = _stat(pid)[0]
+            waits_in = Path(f"/proc/{pid}/wchan").read_text() or "-"
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
             continue  # ended meanwhile
-        lines.append(f"  pid {pid} state {state} in {waits_in}: {command[:160]}")
+        lines.append(f"  pid {pid} state {state} in {waits_in}: {command.strip()[:160]}")
     return "\n".join(lines) or "  (none: every process had ended)"
 
 

@@ -42,6 +42,9 @@
  */
 #include <sched.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "shm_collectives.h"
 
@@ -92,6 +95,42 @@ static size_t chunk_length(const hpccomm_shm_op *op, size_t total, int64_t c) {
     return total - start < op->chunk_elems ? total - start : op->chunk_elems;
 }
 
+/* Copy n bytes of a result into the caller's memory. With op->stream (a
+ * result too large for the last-level cache) the destination is written with
+ * non-temporal stores: a plain store first reads each line of the destination
+ * into the cache (a read of every byte written), and the result would evict
+ * the segment's buffers, which the other ranks read next. Non-temporal stores
+ * are not ordered by the release store that publishes a counter, hence the
+ * fence. x86-64 only (SSE2, which every x86-64 CPU has); plain copies elsewhere. */
+static void copy_result(const hpccomm_shm_op *op, void *dst, const void *src, size_t n) {
+#if defined(__x86_64__)
+    if (op->stream) {
+        char *d = dst;
+        const char *s = src;
+        size_t head = (size_t)(-(uintptr_t)d & 15); /* to the first 16-byte boundary */
+        if (head > n)
+            head = n;
+        memcpy(d, s, head);
+        d += head, s += head, n -= head;
+        size_t i = 0;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+            __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+            _mm_stream_si128((__m128i *)(d + i), a);
+            _mm_stream_si128((__m128i *)(d + i + 16), b);
+            _mm_stream_si128((__m128i *)(d + i + 32), c);
+            _mm_stream_si128((__m128i *)(d + i + 48), e);
+        }
+        memcpy(d + i, s + i, n - i);
+        _mm_sfence();
+        return;
+    }
+#endif
+    memcpy(dst, src, n);
+}
+
 /* ---- all-reduce and reduce: the chunk split into one part per rank --------------- */
 
 /* Rank k's part of a chunk of n elements, in bytes: [*lo, *hi). */
@@ -131,7 +170,7 @@ static int reduce_own_part(const hpccomm_shm_op *op, int64_t c, int64_t global) 
         acc = mine;
     }
     if (op->kind == SHM_ALLREDUCE || op->rank == op->root)
-        memcpy(tensor, mine, hi - lo);
+        copy_result(op, tensor, mine, hi - lo);
     return 0;
 }
 
@@ -141,7 +180,7 @@ static void copy_out_parts(const hpccomm_shm_op *op, int64_t c, int64_t global) 
     for (int k = 0; k < op->size; k++) {
         part(op, n, k, &lo, &hi);
         if (k != op->rank && hi > lo)
-            memcpy(tensor + lo, buffer(op, k, global) + lo, hi - lo);
+            copy_result(op, tensor + lo, buffer(op, k, global) + lo, hi - lo);
     }
 }
 
@@ -154,7 +193,7 @@ static void copy_in_root(const hpccomm_shm_op *op, int64_t c, int64_t global) {
 
 static void copy_out_root(const hpccomm_shm_op *op, int64_t c, int64_t global) {
     if (op->rank != op->root)
-        memcpy(tensor_chunk(op, c), buffer(op, op->root, global), chunk_length(op, op->count, c) * op->elem_size);
+        copy_result(op, tensor_chunk(op, c), buffer(op, op->root, global), chunk_length(op, op->count, c) * op->elem_size);
 }
 
 /* ---- all-gather and reduce-scatter: blocks per rank -------------------------------- */
@@ -192,7 +231,7 @@ static void copy_in_own_blocks(const hpccomm_shm_op *op, int64_t c, int64_t glob
         const char *src = op->data ? data_chunk(op, b, c) : out;
         memcpy(slot_block(op, op->rank, op->rank, b, 0, global), src, bytes);
         if (src != out)
-            memcpy(out, src, bytes);
+            copy_result(op, out, src, bytes);
     }
 }
 
@@ -203,7 +242,7 @@ static void copy_out_blocks(const hpccomm_shm_op *op, int64_t c, int64_t global)
         for (int b = 0; b < op->blocks; b++) {
             size_t bytes = chunk_length(op, block_count(op, k, b), c) * op->elem_size;
             if (bytes)
-                memcpy(block_chunk(op, k, b, c), slot_block(op, k, k, b, 0, global), bytes);
+                copy_result(op, block_chunk(op, k, b, c), slot_block(op, k, k, b, 0, global), bytes);
         }
     }
 }

@@ -49,6 +49,7 @@ typedef struct {
     int dtype, op, path;      /* passed through to `reduce` */
     int kind;                 /* SHM_ALLREDUCE ... SHM_REDUCE_SCATTER */
     int root;                 /* reduce, broadcast: the rank that ends with the result / has the data */
+    int stream;               /* write results into the caller's memory with non-temporal stores (x86-64) */
     uintptr_t data;           /* see above */
     size_t count;             /* all-reduce, reduce, broadcast: elements of `data` */
     const uintptr_t *block_addr; /* all-gather, reduce-scatter: size * blocks addresses */

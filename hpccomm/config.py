@@ -85,6 +85,12 @@ class Config:
             collective that goes through shared memory, for every collective
             (unset: each collective's own measured threshold, see
             :mod:`hpccomm.transports.selector`).
+        shm_stream_min_bytes: ``HPCCOMM_SHM_STREAM_MIN_BYTES``: results of
+            at least this many bytes per rank (an all-gather's output, an
+            all-reduce's or broadcast's tensor) are written into the
+            caller's tensors with non-temporal stores (x86-64), bypassing
+            the cache (unset: the last-level cache's size divided by the
+            node's ranks in the group).
         algo: ``HPCCOMM_ALGO``: ``auto`` (the selector picks flat MPI,
             shared memory or hierarchical per call), ``flat`` (MPI's own
             collectives on the whole group, always) or ``hier`` (shared memory
@@ -100,6 +106,7 @@ class Config:
     half_kernels: str
     shm_slot_bytes: int
     shm_min_bytes: int | None
+    shm_stream_min_bytes: int | None
     algo: str
     transports: tuple[tuple[str, str], ...]
 
@@ -112,6 +119,7 @@ def _read() -> Config:
         half_kernels=os.environ.get("HPCCOMM_HALF_KERNELS", "").strip().lower() or "auto",
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", None),
+        shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
     )

@@ -13,6 +13,13 @@ def test_shared_memory_collectives(nprocs):
     assert_all_ranks_ok(run, nprocs)
 
 
+def test_shared_memory_collectives_streaming_every_result():
+    # Non-temporal stores for every result, in chunks of up to 1 KiB: unaligned heads and tails everywhere.
+    env = {**SHM_EVERYWHERE, "HPCCOMM_SHM_SLOT_BYTES": "16384", "HPCCOMM_SHM_STREAM_MIN_BYTES": "0"}
+    run = run_ranks(3, "shm.py", env=env, limit_s=300)
+    assert_all_ranks_ok(run, 3)
+
+
 def test_shared_memory_collectives_with_torch_half_kernels():
     run = run_ranks(2, "shm.py", "every_dtype", env={**SHM_EVERYWHERE, "HPCCOMM_HALF_KERNELS": "torch"}, limit_s=300)
     assert_all_ranks_ok(run, 2)

@@ -111,6 +111,8 @@ def shared_memory() -> dict[str, Any]:
         "detail": why,
         "min_bytes": settings.shm_min_bytes,
         "slot_bytes": settings.shm_slot_bytes,
+        "last_level_cache_bytes": shm.last_level_cache_bytes(),
+        "stream_min_bytes": settings.shm_stream_min_bytes,
     }
 
 

@@ -55,6 +55,10 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
         + (f"; {shm['slot_bytes']} B per rank's slot, from " if shm["enabled"] else "")
         + (("every collective's measured threshold" if shm["min_bytes"] is None else f"{shm['min_bytes']} B")
            if shm["enabled"] else ""),
+        f"{'last-level cache':25s} {shm['last_level_cache_bytes']} B: the chunks in flight fill at most a quarter; "
+        + "results of at least "
+        + ("cache / ranks on the node" if shm["stream_min_bytes"] is None else f"{shm['stream_min_bytes']} B")
+        + " per rank are streamed (non-temporal stores)",
         f"{'topology-aware paths':25s} HPCCOMM_ALGO={env.transports()['algo']}",
     ]
     for dtype, info in half["dtypes"].items():

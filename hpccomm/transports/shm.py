@@ -15,6 +15,13 @@ copy out) whose what depends on the collective. Ranks wait for each other on
 the counters (release/acquire atomics), not on MPI messages. Reductions are
 done by one owner per element, so every rank gets the same bits.
 
+Both sizes that matter for speed follow the node's last-level cache: the
+chunks in flight (every rank's pipeline buffers) stay within a quarter of it,
+so a chunk one rank writes is still cached when the others read it; and a
+result larger than the rank's share of it is written into the caller's
+tensors with non-temporal stores, so it neither reads each destination line
+first nor evicts those chunks.
+
 A :class:`SharedMemoryChannel` posts collectives on the segment; each is a
 :class:`ShmOp`, a Pending whose :meth:`~ShmOp.test` calls the engine for a
 bounded number of polls, so the usual machinery applies: a blocking call drives
@@ -34,6 +41,7 @@ file is local.
 
 from __future__ import annotations
 
+import glob
 import mmap
 import os
 import secrets
@@ -72,9 +80,13 @@ _SLOT_PAD = 33 * _LINE
 #: chunks (capped at a quarter buffer); larger ones use larger chunks, up to a
 #: buffer (a quarter slot): every chunk costs hand-offs, and where ranks
 #: outnumber cores each hand-off may wait for a context switch. 256 KiB was
-#: fastest for all-reduce at 1-4 MiB.
+#: fastest for all-reduce at 1-4 MiB. Either is capped so that every rank's
+#: buffers together fill at most a quarter of the last-level cache (see
+#: SharedMemoryChannel.max_chunk_bytes).
 _CHUNK_BYTES = 256 << 10
 _CHUNKS_PER_OP = 16
+#: The last-level cache size assumed where sysfs does not say.
+_DEFAULT_CACHE_BYTES = 8 << 20
 #: Polls per :meth:`ShmOp.test` before it returns to Python's checks.
 _POLLS_PER_TEST = 256
 _OP_CODES = {
@@ -119,9 +131,11 @@ class SharedMemoryChannel:
             per rank, then one slot per rank (see :func:`_slot_layout`).
         slot_bytes: the data bytes each rank's slot holds (a multiple of
             64 * ``_BUFFERS``).
+        cache_bytes: the node's last-level cache, the same on every rank
+            (chunk sizes derive from it and must agree).
     """
 
-    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int) -> None:
+    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int, cache_bytes: int) -> None:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._segment = segment
@@ -133,6 +147,16 @@ class SharedMemoryChannel:
         self._counters = _engine.ffi.cast("int64_t *", address)
         self._slots = _engine.ffi.cast("char *", address + _LINE * _COUNTERS_PER_RANK * self.size)
         self._plans: dict[tuple[torch.dtype, Any], Any] = {}
+        #: The largest chunk: every rank's buffers in flight fill at most a
+        #: quarter of the cache, so a chunk is still cached when the other
+        #: ranks read it (larger chunks ran up to 1.7x slower, 2-4 ranks).
+        self.max_chunk_bytes = min(self.buffer_bytes, max(_LINE, cache_bytes // (4 * self.size * _BUFFERS)))
+        #: Results of at least this many bytes are streamed into the caller's
+        #: tensors (non-temporal stores): this rank's share of the cache.
+        #: Replaceable, e.g. by a benchmark comparing both ways.
+        self.stream_min_bytes = (
+            settings.shm_stream_min_bytes if settings.shm_stream_min_bytes is not None else cache_bytes // self.size
+        )
         # Resolved once: all_reduce's hot path makes one engine state per call.
         self._new = _engine.ffi.new
         self._state_type = _engine.ffi.typeof("hpccomm_shm_op *")
@@ -161,7 +185,8 @@ class SharedMemoryChannel:
         segment = _map_segment(comm, (_LINE * _COUNTERS_PER_RANK + _slot_layout(slot_bytes)[1]) * size)
         if segment is None:
             return None
-        return cls(comm, segment, slot_bytes)
+        cache_bytes = comm.allreduce(last_level_cache_bytes(), op=mpi().MIN)
+        return cls(comm, segment, slot_bytes, cache_bytes)
 
     # -- what the engine can do ---------------------------------------------
 
@@ -216,7 +241,7 @@ class SharedMemoryChannel:
             plan: :meth:`plan` of the tensor's dtype and the reduction (not None).
         """
         return self._post(plan, ALLREDUCE, "all_reduce", tensor.numel(), 1, data=tensor.data_ptr(),
-                          count=tensor.numel(), keep=(tensor,))
+                          count=tensor.numel(), result_bytes=tensor.nbytes, keep=(tensor,))
 
     def reduce(self, tensor: torch.Tensor, root: int, plan: Any) -> ShmOp:
         """Post a reduce of the contiguous ``tensor`` into the root's (the others' stay as they are).
@@ -225,7 +250,7 @@ class SharedMemoryChannel:
             plan: :meth:`plan` of the tensor's dtype and the reduction (not None).
         """
         return self._post(plan, REDUCE, "reduce", tensor.numel(), 1, data=tensor.data_ptr(), count=tensor.numel(),
-                          root=root, keep=(tensor,))
+                          root=root, result_bytes=tensor.nbytes, keep=(tensor,))
 
     def broadcast(self, tensor: torch.Tensor, root: int, gate: Callable[[], bool] | None = None) -> ShmOp:
         """Post a broadcast of the root's contiguous ``tensor`` into the others'.
@@ -235,7 +260,7 @@ class SharedMemoryChannel:
         """
         plan = self.plan(tensor.dtype, None)
         return self._post(plan, BROADCAST, "broadcast", tensor.numel(), 1, data=tensor.data_ptr(),
-                          count=tensor.numel(), root=root, gate=gate, keep=(tensor,))
+                          count=tensor.numel(), root=root, result_bytes=tensor.nbytes, gate=gate, keep=(tensor,))
 
     def allgather(
         self,
@@ -261,8 +286,9 @@ class SharedMemoryChannel:
         """
         plan = self.plan(dtype, None)
         longest = max(count for _, count in blocks)
+        output_bytes = sum(count for _, count in blocks) * dtype.itemsize
         return self._post(plan, ALLGATHER, "all_gather", longest, blocks_per_rank, data=source, blocks=blocks,
-                          blocks_per_rank=blocks_per_rank, gate=gate, keep=keep)
+                          blocks_per_rank=blocks_per_rank, result_bytes=output_bytes, gate=gate, keep=keep)
 
     def reduce_scatter(
         self,
@@ -301,6 +327,7 @@ class SharedMemoryChannel:
         root: int = 0,
         blocks: Sequence[Block] | None = None,
         blocks_per_rank: int = 1,
+        result_bytes: int = 0,
         gate: Callable[[], bool] | None = None,
         keep: tuple[Any, ...] = (),
     ) -> ShmOp:
@@ -308,7 +335,10 @@ class SharedMemoryChannel:
 
         ``length`` elements of every one of ``units`` places go through each
         slot in chunks; every rank computes the same chunks, so the segment's
-        chunk numbers stay in step.
+        chunk numbers stay in step. ``result_bytes`` is what the engine copies
+        into the caller's memory on this rank (none for a reduce-scatter,
+        whose reduction writes its output): streamed from
+        :attr:`stream_min_bytes`.
         """
         op = self._new(self._state_type, plan[0])
         op.kind = kind
@@ -319,8 +349,9 @@ class SharedMemoryChannel:
         chunk = max(1, self.chunk_bytes // unit_bytes)
         if length > _CHUNKS_PER_OP * chunk:
             # Fewer, larger chunks for large tensors (up to a buffer): each chunk costs hand-offs.
-            chunk = min(self.buffer_bytes // unit_bytes, -(-length // _CHUNKS_PER_OP))
+            chunk = max(chunk, min(self.max_chunk_bytes // unit_bytes, -(-length // _CHUNKS_PER_OP)))
         op.chunk_elems = chunk
+        op.stream = result_bytes >= self.stream_min_bytes
         op.chunks = chunks = -(-length // chunk)
         op.base = self._next_chunk
         self._next_chunk += chunks
@@ -363,12 +394,41 @@ class SharedMemoryChannel:
     @property
     def chunk_bytes(self) -> int:
         """The bytes a chunk puts through a slot in collectives of up to ``_CHUNKS_PER_OP`` chunks."""
-        return min(_CHUNK_BYTES, self.buffer_bytes // 4)
+        return min(_CHUNK_BYTES, self.buffer_bytes // 4, self.max_chunk_bytes)
 
     @property
     def chunks_posted(self) -> int:
         """How many chunks collectives have posted through this channel so far."""
         return self._next_chunk
+
+
+def last_level_cache_bytes() -> int:
+    """The size of this CPU's last-level data cache in bytes, from sysfs (a default where it does not say).
+
+    The largest level of CPU 0's data or unified caches; on a node with
+    several such caches (chiplets, sockets) that is one of them, which the
+    group's ranks may share or not.
+    """
+    found: tuple[int, int] = (0, 0)  # (level, bytes)
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(os.path.join(index, "type")) as kind:
+                if kind.read().strip() == "Instruction":
+                    continue
+            with open(os.path.join(index, "level")) as level, open(os.path.join(index, "size")) as size:
+                entry = (int(level.read()), _bytes(size.read().strip()))
+        except (OSError, ValueError):
+            continue
+        found = max(found, entry)
+    return found[1] or _DEFAULT_CACHE_BYTES
+
+
+def _bytes(size: str) -> int:
+    """sysfs's cache size ('8192K', '32M', '512') in bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if size[-1:].upper() in units:
+        return int(size[:-1]) * units[size[-1:].upper()]
+    return int(size)
 
 
 def _slot_layout(slot_bytes: int) -> tuple[int, int]:

@@ -16,6 +16,7 @@ import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
 from expected import ALL, Op, combine, same, torch_op, valid_ops, value
+from hpccomm.transports.shm import last_level_cache_bytes
 from paths import Through, reduces, transport
 from rankcheck import check, run_all
 
@@ -183,6 +184,45 @@ def aliased_inputs_and_outputs():
     with Through("reduce_scatter", "aliased reduce_scatter"):
         dist.reduce_scatter(ins[0], ins)
     same(ins[0], expected, "aliased reduce_scatter")
+
+
+@check
+def results_are_streamed_from_the_threshold():
+    channel = transport().channel
+    if "HPCCOMM_SHM_STREAM_MIN_BYTES" in os.environ:
+        assert channel.stream_min_bytes == int(os.environ["HPCCOMM_SHM_STREAM_MIN_BYTES"]), channel.stream_min_bytes
+    else:
+        assert channel.stream_min_bytes == last_level_cache_bytes() // SIZE, channel.stream_min_bytes
+    assert channel.max_chunk_bytes <= max(64, last_level_cache_bytes() // (16 * SIZE)), channel.max_chunk_bytes
+    chosen, channel.stream_min_bytes = channel.stream_min_bytes, 4000
+    try:
+        plan = channel.plan(torch.float32, dist.ReduceOp.SUM)
+        for n in (999, 1000):  # the results this rank's engine writes: 3996 and 4000 bytes
+            streamed = n == 1000
+            t = value(RANK, torch.float32, n)
+            posted = [(channel.allreduce(t, plan), "all_reduce", streamed)]
+            b = value(RANK, torch.float32, n)
+            posted.append((channel.broadcast(b, root=0), "broadcast", streamed))
+            # An all-gather's result is its whole output; a reduce-scatter's is written by its reduction.
+            out = torch.empty(n)
+            per_rank = n // SIZE
+            blocks = [(out.data_ptr() + k * per_rank * 4, per_rank) for k in range(SIZE)]
+            mine = value(RANK, torch.float32, per_rank)
+            posted.append((channel.allgather(torch.float32, blocks, mine.data_ptr(), keep=(out, mine)), "all_gather",
+                           per_rank * SIZE * 4 >= 4000))
+            scattered = torch.empty(per_rank)
+            posted.append((channel.reduce_scatter(plan, blocks, scattered.data_ptr(), keep=(out, scattered)),
+                           "reduce_scatter", False))
+            for op, name, wanted in posted:
+                assert bool(op._op.stream) == wanted, f"{name} n={n}: streamed {bool(op._op.stream)}, not {wanted}"
+                while not op.test():
+                    pass
+            same(t, combine(Op.SUM, torch.float32, [value(r, torch.float32, n) for r in range(SIZE)]), f"all_reduce n={n}")
+            same(b, value(0, torch.float32, n), f"broadcast n={n}")
+            same(out[: per_rank * SIZE], torch.cat([value(r, torch.float32, per_rank) for r in range(SIZE)]),
+                 f"all_gather n={n}")
+    finally:
+        channel.stream_min_bytes = chosen
 
 
 @check

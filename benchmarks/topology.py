@@ -101,7 +101,8 @@ def main() -> None:
     if not isinstance(transport, TopologyAwareTransport):
         raise SystemExit("this group has no topology-aware path (one rank per node, uneven nodes, or shm off)")
     path = transport.path
-    selectors = {"flat": Selector(path, algo="flat"), "aware": Selector(path, algo="hier"), "auto": Selector(path, algo="auto")}
+    # "auto" is the group's own selector, as shipped (its thresholds depend on the node's cache).
+    selectors = {"flat": Selector(path, algo="flat"), "aware": Selector(path, algo="hier"), "auto": transport.selector}
     comm = MPI.COMM_WORLD
     size, rank = comm.size, comm.rank
     topo = hpccomm.topology()

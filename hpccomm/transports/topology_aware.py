@@ -48,7 +48,8 @@ def cpu_transport(comm: Any, global_ranks: Sequence[int]) -> Transport:
         channel = SharedMemoryChannel.create(comm)
         if channel is None:
             return flat
-        return TopologyAwareTransport(flat, Selector(NODE), NodeCollectives(channel))
+        selector = Selector(NODE, stream_min_bytes=channel.stream_min_bytes)
+        return TopologyAwareTransport(flat, selector, NodeCollectives(channel))
     if not topo.uniform or topo.local_size < 2:
         return flat
     node_comm = comm.Split(topo.node, topo.local_rank)
@@ -95,7 +96,9 @@ class TopologyAwareTransport(Transport):
         self._reduce_min = selector.min_bytes("reduce")
         self._broadcast_min = selector.min_bytes("broadcast")
         self._allgather_min = selector.min_bytes("all_gather")
+        self._allgather_into_min = selector.min_bytes("all_gather_into_tensor")
         self._reduce_scatter_min = selector.min_bytes("reduce_scatter")
+        self._reduce_scatter_from_min = selector.min_bytes("reduce_scatter_tensor")
 
     @property
     def path(self) -> str:
@@ -149,7 +152,7 @@ class TopologyAwareTransport(Transport):
         return self.flat.allgather(outputs, tensor)
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
-        if output.nbytes >= self._allgather_min:
+        if output.nbytes >= self._allgather_into_min:
             posted = self._taken("all_gather_into_tensor", self.aware.allgather_into(output, tensor))
             if posted is not None:
                 return posted
@@ -163,7 +166,7 @@ class TopologyAwareTransport(Transport):
         return self.flat.reduce_scatter(output, inputs, reduction)
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
-        if tensor.nbytes >= self._reduce_scatter_min:
+        if tensor.nbytes >= self._reduce_scatter_from_min:
             posted = self._taken("reduce_scatter_tensor", self.aware.reduce_scatter_from(output, tensor, reduction))
             if posted is not None:
                 return posted

@@ -78,11 +78,23 @@ def load() -> Any:
     try:
         from .. import _ucc
     except ImportError as exc:
-        _absent = f"hpccomm's UCC binding does not load: {exc}"
+        _absent = f"hpccomm's UCC binding does not load: {exc}{_ucx_hint(str(exc))}"
         raise UCCUnavailableError(_absent) from None
     _load_all_of_ucx()
     _binding = _ucc
     return _binding
+
+
+def _ucx_hint(error: str) -> str:
+    """Why libucc may have failed to load, where a UCX symbol is missing: the loader found another UCX."""
+    if "undefined symbol: uc" not in error:
+        return ""
+    found = _mapped("libucs.so")
+    which = f" ({found})" if found else ""
+    return (
+        f"; libucc was loaded with a UCX{which} other than the one UCC was built against (an older one, "
+        "such as a distribution's libucx0): put that UCX's lib directory first on LD_LIBRARY_PATH"
+    )
 
 
 def _load_all_of_ucx() -> None:

@@ -89,8 +89,8 @@ class Config:
             at least this many bytes per rank (an all-gather's output, an
             all-reduce's or broadcast's tensor) are written into the
             caller's tensors with non-temporal stores (x86-64), bypassing
-            the cache (unset: the last-level cache's size divided by the
-            node's ranks in the group).
+            the cache (unset: the rank's share of the last-level cache, its
+            size divided by the group's ranks that share one).
         algo: ``HPCCOMM_ALGO``: ``auto`` (the selector picks flat MPI,
             shared memory or hierarchical per call), ``flat`` (MPI's own
             collectives on the whole group, always) or ``hier`` (shared memory

@@ -1,6 +1,7 @@
 """The node-local shared-memory collectives, forced onto every size, at 2-4 ranks."""
 
 import pytest
+from hpccomm.transports import shm
 from launch import assert_all_ranks_ok, run_ranks
 
 # Every collective takes the shared-memory path, in 64-byte chunks (1 KiB slots).
@@ -33,3 +34,20 @@ def test_shared_memory_collectives_without_progress_thread():
 def test_every_collective_with_shared_memory_everywhere():
     run = run_ranks(3, "collectives.py", env=SHM_EVERYWHERE, limit_s=300)
     assert_all_ranks_ok(run, 3)
+
+
+@pytest.mark.parametrize("listed, cpus", [("0-7,64-71\n", 16), ("3\n", 1), ("0-1\n", 2)])
+def test_cpus_sharing_a_cache_from_sysfs(tmp_path, listed, cpus):
+    (tmp_path / "shared_cpu_list").write_text(listed)
+    assert shm._cpus_sharing(str(tmp_path)) == cpus
+
+
+@pytest.mark.parametrize("text, size", [("8192K", 8 << 20), ("32M", 32 << 20), ("512", 512)])
+def test_cache_size_from_sysfs(text, size):
+    assert shm._bytes(text) == size
+
+
+def test_each_rank_shares_the_cache_it_uses():
+    cache, _sharing = shm.last_level_cache()
+    assert shm.cache_share_bytes(1) == cache
+    assert shm.cache_share_bytes(1000) < shm.cache_share_bytes(2) <= cache

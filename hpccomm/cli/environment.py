@@ -105,13 +105,15 @@ def shared_memory() -> dict[str, Any]:
         why = "turned off (HPCCOMM_SHM_SLOT_BYTES=0)"
     else:
         why = "collectives of groups whose ranks share a node; node-local stages across nodes"
+    cache_bytes, cpus_sharing = shm.last_level_cache()
     return {
         "built": built,
         "enabled": enabled,
         "detail": why,
         "min_bytes": settings.shm_min_bytes,
         "slot_bytes": settings.shm_slot_bytes,
-        "last_level_cache_bytes": shm.last_level_cache_bytes(),
+        "last_level_cache_bytes": cache_bytes,
+        "cpus_sharing_cache": cpus_sharing,
         "stream_min_bytes": settings.shm_stream_min_bytes,
     }
 

@@ -55,9 +55,9 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
         + (f"; {shm['slot_bytes']} B per rank's slot, from " if shm["enabled"] else "")
         + (("every collective's measured threshold" if shm["min_bytes"] is None else f"{shm['min_bytes']} B")
            if shm["enabled"] else ""),
-        f"{'last-level cache':25s} {shm['last_level_cache_bytes']} B: the chunks in flight fill at most a quarter; "
-        + "results of at least "
-        + ("cache / ranks on the node" if shm["stream_min_bytes"] is None else f"{shm['stream_min_bytes']} B")
+        f"{'last-level cache':25s} {shm['last_level_cache_bytes']} B, shared by {shm['cpus_sharing_cache']} CPUs: "
+        + "each rank's share of it caps the chunks in flight (a quarter), and results of at least "
+        + ("that share" if shm["stream_min_bytes"] is None else f"{shm['stream_min_bytes']} B")
         + " per rank are streamed (non-temporal stores)",
         f"{'topology-aware paths':25s} HPCCOMM_ALGO={env.transports()['algo']}",
     ]

@@ -15,12 +15,12 @@ copy out) whose what depends on the collective. Ranks wait for each other on
 the counters (release/acquire atomics), not on MPI messages. Reductions are
 done by one owner per element, so every rank gets the same bits.
 
-Both sizes that matter for speed follow the node's last-level cache: the
-chunks in flight (every rank's pipeline buffers) stay within a quarter of it,
-so a chunk one rank writes is still cached when the others read it; and a
-result larger than the rank's share of it is written into the caller's
-tensors with non-temporal stores, so it neither reads each destination line
-first nor evicts those chunks.
+Both sizes that matter for speed follow each rank's share of the last-level
+cache (:func:`cache_share_bytes`): a rank's chunks in flight (its pipeline
+buffers) stay within a quarter of it, so a chunk one rank writes is still
+cached when the others read it; and a result larger than the share is written
+into the caller's tensors with non-temporal stores, so it neither reads each
+destination line first nor evicts those chunks.
 
 A :class:`SharedMemoryChannel` posts collectives on the segment; each is a
 :class:`ShmOp`, a Pending whose :meth:`~ShmOp.test` calls the engine for a
@@ -80,8 +80,8 @@ _SLOT_PAD = 33 * _LINE
 #: chunks (capped at a quarter buffer); larger ones use larger chunks, up to a
 #: buffer (a quarter slot): every chunk costs hand-offs, and where ranks
 #: outnumber cores each hand-off may wait for a context switch. 256 KiB was
-#: fastest for all-reduce at 1-4 MiB. Either is capped so that every rank's
-#: buffers together fill at most a quarter of the last-level cache (see
+#: fastest for all-reduce at 1-4 MiB. Either is capped so that a rank's
+#: buffers fill at most a quarter of its share of the last-level cache (see
 #: SharedMemoryChannel.max_chunk_bytes).
 _CHUNK_BYTES = 256 << 10
 _CHUNKS_PER_OP = 16
@@ -131,11 +131,12 @@ class SharedMemoryChannel:
             per rank, then one slot per rank (see :func:`_slot_layout`).
         slot_bytes: the data bytes each rank's slot holds (a multiple of
             64 * ``_BUFFERS``).
-        cache_bytes: the node's last-level cache, the same on every rank
-            (chunk sizes derive from it and must agree).
+        cache_share: each rank's share of the last-level cache it uses
+            (:func:`cache_share_bytes`), the same on every rank: chunk sizes
+            derive from it and must agree.
     """
 
-    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int, cache_bytes: int) -> None:
+    def __init__(self, comm: Any, segment: mmap.mmap, slot_bytes: int, cache_share: int) -> None:
         self.size = comm.Get_size()
         self.rank = comm.Get_rank()
         self._segment = segment
@@ -147,15 +148,15 @@ class SharedMemoryChannel:
         self._counters = _engine.ffi.cast("int64_t *", address)
         self._slots = _engine.ffi.cast("char *", address + _LINE * _COUNTERS_PER_RANK * self.size)
         self._plans: dict[tuple[torch.dtype, Any], Any] = {}
-        #: The largest chunk: every rank's buffers in flight fill at most a
-        #: quarter of the cache, so a chunk is still cached when the other
-        #: ranks read it (larger chunks ran up to 1.7x slower, 2-4 ranks).
-        self.max_chunk_bytes = min(self.buffer_bytes, max(_LINE, cache_bytes // (4 * self.size * _BUFFERS)))
+        #: The largest chunk: this rank's buffers in flight fill at most a
+        #: quarter of its share of the cache, so a chunk is still cached when
+        #: the other ranks read it (larger chunks ran up to 1.7x slower, 2-4 ranks).
+        self.max_chunk_bytes = min(self.buffer_bytes, max(_LINE, cache_share // (4 * _BUFFERS)))
         #: Results of at least this many bytes are streamed into the caller's
         #: tensors (non-temporal stores): this rank's share of the cache.
         #: Replaceable, e.g. by a benchmark comparing both ways.
         self.stream_min_bytes = (
-            settings.shm_stream_min_bytes if settings.shm_stream_min_bytes is not None else cache_bytes // self.size
+            settings.shm_stream_min_bytes if settings.shm_stream_min_bytes is not None else cache_share
         )
         # Resolved once: all_reduce's hot path makes one engine state per call.
         self._new = _engine.ffi.new
@@ -185,8 +186,8 @@ class SharedMemoryChannel:
         segment = _map_segment(comm, (_LINE * _COUNTERS_PER_RANK + _slot_layout(slot_bytes)[1]) * size)
         if segment is None:
             return None
-        cache_bytes = comm.allreduce(last_level_cache_bytes(), op=mpi().MIN)
-        return cls(comm, segment, slot_bytes, cache_bytes)
+        cache_share = comm.allreduce(cache_share_bytes(size), op=mpi().MIN)
+        return cls(comm, segment, slot_bytes, cache_share)
 
     # -- what the engine can do ---------------------------------------------
 
@@ -402,25 +403,47 @@ class SharedMemoryChannel:
         return self._next_chunk
 
 
-def last_level_cache_bytes() -> int:
-    """The size of this CPU's last-level data cache in bytes, from sysfs (a default where it does not say).
+def cache_share_bytes(ranks: int) -> int:
+    """Each of ``ranks`` ranks' share of the last-level cache, in bytes.
 
-    The largest level of CPU 0's data or unified caches; on a node with
-    several such caches (chiplets, sockets) that is one of them, which the
-    group's ranks may share or not.
+    The ranks are taken to spread evenly over the node's last-level caches
+    (one per chiplet or socket on many nodes; CPUs are not pinned).
     """
-    found: tuple[int, int] = (0, 0)  # (level, bytes)
+    cache, sharing = last_level_cache()
+    caches = max(1, (os.cpu_count() or sharing) // sharing)
+    return cache // -(-ranks // caches)
+
+
+def last_level_cache() -> tuple[int, int]:
+    """This CPU's last-level data cache: (bytes, CPUs sharing it), from sysfs.
+
+    The largest level of CPU 0's data or unified caches; where sysfs does not
+    say, a default size shared by every CPU.
+    """
+    found: tuple[int, int, int] = (0, 0, 0)  # (level, bytes, CPUs sharing it)
     for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
         try:
             with open(os.path.join(index, "type")) as kind:
                 if kind.read().strip() == "Instruction":
                     continue
             with open(os.path.join(index, "level")) as level, open(os.path.join(index, "size")) as size:
-                entry = (int(level.read()), _bytes(size.read().strip()))
+                entry = (int(level.read()), _bytes(size.read().strip()), _cpus_sharing(index))
         except (OSError, ValueError):
             continue
         found = max(found, entry)
-    return found[1] or _DEFAULT_CACHE_BYTES
+    if not found[1]:
+        return _DEFAULT_CACHE_BYTES, os.cpu_count() or 1
+    return found[1], found[2]
+
+
+def _cpus_sharing(index: str) -> int:
+    """How many CPUs share the cache sysfs describes at ``index`` ('0-7,64-71' counts 16)."""
+    with open(os.path.join(index, "shared_cpu_list")) as listed:
+        count = 0
+        for part in listed.read().strip().split(","):
+            first, _, last = part.partition("-")
+            count += int(last or first) - int(first) + 1
+    return max(count, 1)
 
 
 def _bytes(size: str) -> int:

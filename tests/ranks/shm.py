@@ -16,7 +16,7 @@ import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
 from expected import ALL, Op, combine, same, torch_op, valid_ops, value
-from hpccomm.transports.shm import last_level_cache_bytes
+from hpccomm.transports.shm import cache_share_bytes
 from paths import Through, reduces, transport
 from rankcheck import check, run_all
 
@@ -192,8 +192,8 @@ def results_are_streamed_from_the_threshold():
     if "HPCCOMM_SHM_STREAM_MIN_BYTES" in os.environ:
         assert channel.stream_min_bytes == int(os.environ["HPCCOMM_SHM_STREAM_MIN_BYTES"]), channel.stream_min_bytes
     else:
-        assert channel.stream_min_bytes == last_level_cache_bytes() // SIZE, channel.stream_min_bytes
-    assert channel.max_chunk_bytes <= max(64, last_level_cache_bytes() // (16 * SIZE)), channel.max_chunk_bytes
+        assert channel.stream_min_bytes == cache_share_bytes(SIZE), channel.stream_min_bytes
+    assert channel.max_chunk_bytes <= max(64, cache_share_bytes(SIZE) // 16), channel.max_chunk_bytes
     chosen, channel.stream_min_bytes = channel.stream_min_bytes, 4000
     try:
         plan = channel.plan(torch.float32, dist.ReduceOp.SUM)

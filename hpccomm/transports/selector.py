@@ -14,9 +14,9 @@ Three paths exist for all-reduce, broadcast, all-gather and reduce-scatter
 A group has at most one of ``node`` and ``hier``; :class:`Selector` decides
 between it and ``flat`` by message size, with one threshold per collective,
 list and tensor forms apart (the tables below, measured on the machines
-named there). The size is the
-larger of the rank's input and output: the tensor for all-reduce, broadcast
-and reduce, the output for all-gather, the input for reduce-scatter.
+named there). The size is the larger of the rank's input and output: the
+tensor for all-reduce, broadcast and reduce, the output for all-gather, the
+input for reduce-scatter.
 
 ``HPCCOMM_ALGO=flat`` keeps every collective on MPI, ``hier`` takes the
 topology-aware path at every size, ``auto`` (default) uses the thresholds.
@@ -42,7 +42,7 @@ STREAMED = -1
 #: twice where MPI's all-gather copies it once, and wins only once its output
 #: no longer fits the rank's share of the cache, which is where results are
 #: streamed (4 MiB at 2 ranks and 2 MiB at 4 here, with an 8 MiB cache; below
-#: that it took 1.02-1.39x the flat path's time). The list forms win from the
+#: that it took 0.93-1.47x the flat path's time). The list forms win from the
 #: smallest size measured: MPI's list all-gather and reduce-scatter add copies.
 NODE_MIN_BYTES: dict[str, int] = {
     "all_reduce": 32 << 10,

@@ -29,6 +29,8 @@ import pytest
 RANKS_DIR = Path(__file__).parent / "ranks"
 DEFAULT_LIMIT_S = 120
 FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
+#: The hierarchical path forced onto every size, in 64-byte chunks (1 KiB slots): many chunks and pieces.
+HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 #: hpccomm-run of the environment under test.
 HPCCOMM_RUN = [os.path.join(os.path.dirname(sys.executable), "hpccomm-run")]
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")

@@ -11,10 +11,8 @@ mpich_shm_* files behind when a rank is killed).
 """
 
 import pytest
-from launch import assert_all_ranks_ok, check_failed_fast
+from launch import HIER_EVERYWHERE, assert_all_ranks_ok, check_failed_fast
 from nodes import run_on_nodes
-
-HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 
 
 def assert_nothing_left(run, only_ours: bool = False) -> None:

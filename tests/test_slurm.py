@@ -5,7 +5,8 @@ UTS + mount namespace, so MPI sees two hosts) in a temporary directory and alway
 down. Every template is submitted with sbatch, with this interpreter's environment
 (``sys.prefix``) as the job's Python environment, running slurm/check_job.py, which asserts
 world size, node count, an allreduce and DDP itself and prints ``CHECK ... OK`` lines; the tests
-here check the job state and exit code, those lines, and the per-rank ``RANKINFO`` lines.
+here check the job state and exit code, those lines, and the per-rank ``RANKINFO`` lines. One
+more job runs tests/ranks/hierarchical.py (every hierarchical collective, HSDP) on both nodes.
 
 Whichever MPI mpi4py loads in this environment (an Open MPI or MPICH wheel, or a system MPI
 mpi4py was built against) is the one tested: CI runs the suite once per MPI. Missing Slurm skips
@@ -32,12 +33,15 @@ from pathlib import Path
 
 import mpi_library
 import pytest
-from launch import skip_unless_ci
+from launch import HIER_EVERYWHERE, RANKS_DIR, skip_unless_ci
 from load import Deadline, stretch
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "slurm"
 WORKLOAD = TEMPLATES / "check_job.py"
+# Every hierarchical op x dtype x reduce op, topology and HSDP (tests/test_hierarchical.py runs it
+# on fake nodes), here as a user's job on the cluster's two nodes.
+HIERARCHICAL = RANKS_DIR / "hierarchical.py"
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 
 # Bounds, in quiet seconds (tests/load.py). Every job of the module is submitted at once; at
@@ -323,6 +327,9 @@ def jobs(cluster, bare_venv):
     submit("missing_script", "multi_node_cpu", str(cluster.jobs_dir / "no_such_script.py"))
     submit("no_hpccomm", "multi_node_cpu", str(WORKLOAD),
            env=dict(cluster.env, HPCCOMM_VENV=str(bare_venv)))
+    # The hierarchical checker through the CPU template (2 nodes x 2 ranks), the hierarchical
+    # path forced onto every size in many chunks.
+    submit("hierarchical", "multi_node_cpu", str(HIERARCHICAL), env=dict(cluster.env, **HIER_EVERYWHERE))
     # The wrong PMI plugin starts 4 singleton worlds that would all "succeed": the workload's
     # own assertions must turn that into a failed job.
     submit("wrong_plugin", "multi_node_cpu", str(WORKLOAD), "--world-size", "4", "--nodes", "2",
@@ -433,6 +440,18 @@ def _assert_failed_fast(info, out, exit_code, message):
     assert "RANKINFO" not in out, "ranks were started" + where
     h, m, s = (int(x) for x in info["RunTime"].split(":")[-3:])
     assert h * 3600 + m * 60 + s <= 15 * stretch(), f"took {info['RunTime']} to fail{where}"
+
+
+def test_hierarchical_collectives_on_two_nodes(cluster, jobs):
+    info, out = _finished(cluster, jobs, "hierarchical")
+    where = f"\n--- job output ({info.get('StdOut')}) ---\n{out}"
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info["JobState"] + where
+    assert "LAYOUT nodes=2 ranks_per_node=2,2 hierarchical=True" in out, where
+    # Each of the 4 ranks ran every check (its topology check compares with the hostnames).
+    finished = re.findall(r"^OK rank=(\d+) checks=(\d+)$", out, re.M)
+    assert sorted(int(rank) for rank, _ in finished) == [0, 1, 2, 3], where
+    assert len({checks for _, checks in finished}) == 1, where
+    assert "FAIL" not in out, where
 
 
 def test_missing_script_fails_at_once(cluster, jobs):

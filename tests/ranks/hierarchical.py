@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from expected import ALL, Op, combine, same, torch_op, valid_ops, value
 from paths import Through, reduces, transport
-from rankcheck import check, expect_error, run_all
+from rankcheck import check, expect_error, run_all, say
 from training import assert_close, full_params, fully_sharded, train
 
 dist.init_process_group("hpccomm")
@@ -222,5 +222,7 @@ def the_segments_leave_no_file_behind() -> None:
 
 
 if __name__ == "__main__":
+    if RANK == 0:  # for the launching test: the layout the checks ran on
+        say(f"LAYOUT nodes={TOPO.num_nodes} ranks_per_node={','.join(map(str, TOPO.ranks_per_node))} hierarchical={HIER}")
     run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)
     dist.destroy_process_group()

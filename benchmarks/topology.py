@@ -99,7 +99,7 @@ def main() -> None:
     dist.init_process_group("hpccomm")
     transport = dist.group.WORLD._cpu_transport
     if not isinstance(transport, TopologyAwareTransport):
-        raise SystemExit("this group has no topology-aware path (one rank per node, uneven nodes, or shm off)")
+        raise SystemExit("this group has no topology-aware path (one rank per node, uneven nodes, shm off, or HPCCOMM_ALGO=flat)")
     path = transport.path
     # "auto" is the group's own selector, as shipped (its thresholds depend on the node's cache).
     selectors = {"flat": Selector(path, algo="flat"), "aware": Selector(path, algo="hier"), "auto": transport.selector}

@@ -34,6 +34,13 @@ def test_every_hierarchical_collective(per_node, round_robin):
     assert_nothing_left(run)
 
 
+def test_algo_flat_keeps_every_collective_on_mpi():
+    # The checker expects no topology-aware transport at all, and checks every result.
+    run = run_on_nodes((2, 2), "hierarchical.py", env={**HIER_EVERYWHERE, "HPCCOMM_ALGO": "flat"}, limit_s=300)
+    assert_all_ranks_ok(run, 4)
+    assert "hierarchical=False" in run.output, run.output[-4000:]
+
+
 @pytest.mark.parametrize(
     "mode, evidence",
     [("sigkill-inside", ["1"]), ("exit3", ["rank(s) 1 left the job"])],

@@ -98,11 +98,13 @@ def shared_memory() -> dict[str, Any]:
     from ..transports import shm
 
     built = shm._engine is not None
-    enabled = built and settings.shm_slot_bytes > 0
+    enabled = built and settings.shm_slot_bytes > 0 and settings.algo != "flat"
     if not built:
         why = "not built (no C compiler at install time)"
-    elif not enabled:
+    elif settings.shm_slot_bytes <= 0:
         why = "turned off (HPCCOMM_SHM_SLOT_BYTES=0)"
+    elif not enabled:
+        why = "not used (HPCCOMM_ALGO=flat)"
     else:
         why = "collectives of groups whose ranks share a node; node-local stages across nodes"
     cache_bytes, cpus_sharing = shm.last_level_cache()

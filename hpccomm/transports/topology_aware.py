@@ -4,8 +4,8 @@
 member): from the group's :class:`~hpccomm.topology.Topology` it sets up what
 applies, a shared-memory channel when all ranks share a node, or a channel per
 node plus an inter-node communicator when the group spans nodes with the same
-number (two or more) of ranks on each. Where neither applies it is plain
-:class:`~hpccomm.transports.mpi.MPITransport`.
+number (two or more) of ranks on each. Where neither applies, or with
+``HPCCOMM_ALGO=flat``, it is plain :class:`~hpccomm.transports.mpi.MPITransport`.
 
 Each collective then compares its size with its threshold from the
 :class:`~hpccomm.transports.selector.Selector`; below it, or where the
@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..config import settings
 from ..topology import of_world_ranks
 from ..work import Pending
 from ..world import mpi
@@ -44,6 +45,8 @@ def cpu_transport(comm: Any, global_ranks: Sequence[int]) -> Transport:
     """
     topo = of_world_ranks(global_ranks)
     flat = MPITransport(comm)
+    if settings.algo == FLAT:
+        return flat  # no segment nor communicators that no call would use
     if topo.num_nodes == 1:
         channel = SharedMemoryChannel.create(comm)
         if channel is None:

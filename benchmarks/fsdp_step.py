@@ -21,6 +21,7 @@ import time
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from hpccomm.front import front_of
 from hpccomm.transports.selector import Selector
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
@@ -48,7 +49,7 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     ranks = list(range(size))
     groups = {"auto": dist.new_group(ranks), "flat": dist.new_group(ranks), "gloo": dist.new_group(ranks, backend="gloo")}
-    flat = groups["flat"]._cpu_transport
+    flat = front_of(groups["flat"])._cpu_transport
     flat.selector = Selector(flat.path, algo="flat")
     models = {name: build(args.width, args.layers, group) for name, group in groups.items()}
     params = sum(p.numel() for p in models["auto"][0].parameters())  # DTensors: global numel

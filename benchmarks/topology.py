@@ -32,6 +32,7 @@ import hpccomm
 import numpy as np
 import torch
 import torch.distributed as dist
+from hpccomm.front import front_of
 from hpccomm.transports.selector import Selector
 from hpccomm.transports.topology_aware import TopologyAwareTransport
 from mpi4py import MPI
@@ -97,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dist.init_process_group("hpccomm")
-    transport = dist.group.WORLD._cpu_transport
+    transport = front_of(dist.group.WORLD)._cpu_transport
     if not isinstance(transport, TopologyAwareTransport):
         raise SystemExit("this group has no topology-aware path (one rank per node, uneven nodes, shm off, or HPCCOMM_ALGO=flat)")
     path = transport.path

@@ -28,6 +28,7 @@ import time
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from hpccomm.front import front_of
 
 #: perftest's switch from small to large iteration counts, in bytes.
 LARGE_BYTES = 64 * 1024
@@ -43,7 +44,7 @@ def main() -> None:
     dist.init_process_group("hpccomm")
     rank, size = dist.get_rank(), dist.get_world_size()
     if rank == 0:
-        route = type(dist.group.WORLD._transports["cpu"]).__name__
+        route = type(front_of(dist.group.WORLD)._transports["cpu"]).__name__
         print(f"# {size} ranks, host tensors on {route}; float32 SUM in place; times in us")
         print(f"{'count':>10} {'bytes':>10} {'avg_us':>10} {'median_us':>10} {'busbw_GB/s':>11}")
     for count in map(int, args.counts.split(",")):

@@ -183,10 +183,13 @@ def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bo
 
     if _rank_not_in_group(group):
         return
+    from .front import front_of  # the front uses this module's Monitor
+
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not hasattr(pg, "monitored_barrier") or dist.get_backend(pg) != "hpccomm":
+    front = front_of(pg)
+    if front is None:
         raise ValueError(
             f"hpccomm monitored_barrier: group uses backend '{dist.get_backend(pg)}', not hpccomm; "
             "use torch.distributed.monitored_barrier for Gloo groups"
         )
-    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+    front.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

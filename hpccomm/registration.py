@@ -4,6 +4,13 @@
 ``torch.distributed.backends`` entry point. It is cheap and starts nothing:
 MPI starts when the first group is created.
 
+Which shell a group takes is decided here, once, by what the installed torch
+offers (:data:`BACKEND_SHAPE`): where Python can subclass torch's ``Backend``
+(torch >= 2.14) a group is an :class:`~hpccomm.backend.HpccommBackend` that
+torch's ProcessGroup wraps; elsewhere it is a
+:class:`~hpccomm.process_group.ProcessGroupHpccomm`. Both run the same
+:class:`~hpccomm.front.Front`.
+
 Each group gets its own MPI communicator. The world group duplicates
 ``MPI_COMM_WORLD`` (so user MPI traffic never mixes with ours); a subgroup
 is carved out of it with ``MPI_Comm_create_group``, which only the members
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import zlib
 from datetime import timedelta
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,13 +29,31 @@ import torch.distributed as dist
 
 from . import debug, rendezvous, world
 from .config import settings
+from .front import BACKEND_NAME, Front
 from .monitor import Monitor
-from .process_group import BACKEND_NAME, ProcessGroupHpccomm
 from .transports import Transport, selection
 from .transports.topology_aware import cpu_transport
 
 _registered = False
 _world_comm: Any = None
+
+
+def _backend_is_subclassable() -> bool:
+    """Whether Python may subclass torch's ``Backend`` (torch >= 2.14; 2.13 has no constructor for it)."""
+    from torch._C._distributed_c10d import Backend
+
+    class Probe(Backend):
+        pass
+
+    try:
+        Probe(0, 1)
+    except TypeError:
+        return False
+    return True
+
+
+#: True: each group is a Backend that torch's ProcessGroup wraps; False: each group is a ProcessGroup.
+BACKEND_SHAPE: bool = _backend_is_subclassable()
 
 
 def register() -> None:
@@ -36,13 +62,20 @@ def register() -> None:
     if _registered:
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=["cpu", "cuda"])
+        # Only devices a transport carries: torch >= 2.14 wraps hpccomm for each one it is registered for.
+        dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=selection.devices())
     rendezvous.install()
+    if BACKEND_SHAPE:
+        from .backend import forward_source_rank
+
+        forward_source_rank()
+        _check_in_detail_mode_without_torchs_wrapper()
     _register_dist2()
     _registered = True
 
 
 def _register_dist2() -> None:
+    """Register with ``torch.distributed._dist2`` (torch 2.11-2.13; its API moved onto ProcessGroup in 2.14)."""
     try:
         from torch.distributed import _dist2
     except ImportError:
@@ -53,17 +86,27 @@ def _register_dist2() -> None:
 
 def _dist2_factory(
     store: dist.Store, rank: int, world_size: int, timeout: timedelta, device: torch.device, **kwargs: object
-) -> ProcessGroupHpccomm:
+) -> Front:
     if kwargs:
         raise ValueError(f"hpccomm: unexpected options {sorted(kwargs)}")
     rendezvous.check_user_identity(rank, world_size, world.identity())
     return _build(_world_communicator(fresh=False).Dup(), list(range(world_size)), timeout)
 
 
-def _create_group(opts: Any, _backend_options: Any = None) -> ProcessGroupHpccomm:
-    """torch's extended-API creator, called on the members of each new group."""
+def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
+    """torch's extended-API creator, called on the members of each new group.
+
+    torch >= 2.14 passes ``split_from``, the default group's backend, when the
+    default group has a bound device: the new group is then split from it
+    (torch calls ``perform_nocolor_split`` on the other ranks).
+    """
     ident = world.identity()
     ranks = list(opts.global_ranks_in_group)
+    parent = getattr(opts, "split_from", None)
+    if isinstance(parent, Front) and ranks:
+        options = parent.options
+        options._timeout = opts.timeout
+        return parent.split(opts.store, ranks, options)
     if not dist.is_initialized():
         # The default group: a store passed by the user carries its own rank and size.
         rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
@@ -84,6 +127,32 @@ def _create_group(opts: Any, _backend_options: Any = None) -> ProcessGroupHpccom
     return _build(comm, ranks, opts.timeout)
 
 
+def _check_in_detail_mode_without_torchs_wrapper() -> None:
+    """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, let hpccomm's checks stand in for torch's wrapper (idempotent).
+
+    In that mode torch wraps each plugin backend in its ProcessGroupWrapper,
+    whose cross-rank checks run over Gloo; that wrapper has no
+    ``getBackendName``, which torch's ProcessGroup asks a custom backend for
+    on every operation ("getBackendName is not implemented", torch 2.15), so
+    no operation could run. hpccomm turns on its own checks in that mode
+    (:mod:`hpccomm.debug`: op, dtype, sizes and root agreed across ranks
+    before anything is posted), so its groups are left unwrapped.
+    """
+    from torch.distributed import distributed_c10d
+
+    original = getattr(distributed_c10d, "_create_process_group_wrapper", None)
+    if original is None or getattr(original, "hpccomm", False):
+        return
+
+    def create_wrapper(wrapped_pg: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(wrapped_pg, Front):
+            return wrapped_pg
+        return original(wrapped_pg, *args, **kwargs)
+
+    create_wrapper.hpccomm = True  # type: ignore[attr-defined]
+    distributed_c10d._create_process_group_wrapper = create_wrapper
+
+
 def _world_communicator(fresh: bool) -> Any:
     """hpccomm's duplicate of MPI_COMM_WORLD; a new one for each default group."""
     global _world_comm
@@ -95,13 +164,22 @@ def _world_communicator(fresh: bool) -> Any:
     return _world_comm
 
 
-def _build(comm: Any, global_ranks: list[int], timeout: timedelta) -> ProcessGroupHpccomm:
+def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta) -> Front:
+    """The group on MPI communicator ``comm`` (which it owns), in the shell this torch takes."""
     rank, size = comm.Get_rank(), comm.Get_size()
     checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
     monitor = Monitor(comm.Dup())
+    splitter = comm.Dup() if BACKEND_SHAPE else None
     # Last: the UCC transport, when it is handed ``comm``, frees it once its team is created.
-    transports = _transports_for(comm, global_ranks, timeout)
-    return ProcessGroupHpccomm(rank, size, transports, timeout, global_ranks, monitor, checker)
+    transports = _transports_for(comm, list(global_ranks), timeout)
+    front = (rank, size, transports, timeout, global_ranks, monitor, checker)
+    if BACKEND_SHAPE:
+        from .backend import HpccommBackend
+
+        return HpccommBackend(*front, comm=splitter, make_child=_build)
+    from .process_group import ProcessGroupHpccomm
+
+    return ProcessGroupHpccomm(*front)
 
 
 def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> dict[str, Transport]:

@@ -303,6 +303,7 @@ class HpcWork(dist.Work):
                         self.waiters -= 1
         if self._error is not None:
             raise self._error
+        _note_any_source(self)
         return True
 
     def _drive_until(self, limit: float, waited: float) -> None:
@@ -353,3 +354,61 @@ class HpcWork(dist.Work):
 
     def _source_rank(self) -> int:
         return getattr(self._pending, "source_rank", -1)
+
+
+_last_any_source = threading.local()
+
+
+def _note_any_source(work: HpcWork) -> None:
+    """Remember, for this thread, the source of a receive from any rank that ``work`` completed."""
+    if work._label[3] == ():  # peers () marks a receive from any rank
+        _last_any_source.rank = work._source_rank()
+
+
+def last_any_source_rank() -> int | None:
+    """The source of the last receive from any rank this thread waited on and that completed, or None.
+
+    torch's wrapper around a Python backend's Work (torch >= 2.14) does not
+    pass ``_source_rank()`` through; torch's ``recv(src=None)`` asks for it
+    right after ``wait()`` on the same thread, which this answers.
+    """
+    return getattr(_last_any_source, "rank", None)
+
+
+@untraced
+class WorkList(dist.Work):
+    """Several works handed out as one: torch's coalesced operations (``batch_isend_irecv``).
+
+    Args:
+        works: the works of the operations posted together; ends when all have.
+    """
+
+    def __init__(self, works: list[HpcWork]) -> None:
+        super().__init__()
+        self._works = works
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        for work in self._works:
+            work.wait(timeout)
+        return True
+
+    def is_completed(self) -> bool:
+        return all([work.is_completed() for work in self._works])  # polls every one
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+    def result(self) -> list[torch.Tensor]:
+        return [tensor for work in self._works for tensor in work.result()]
+
+    def get_future(self) -> Future:
+        """A future holding every work's output tensors once all have completed."""
+        def outputs(done: Future) -> list[torch.Tensor]:
+            for future in done.value():
+                future.value()  # raises the first work's error
+            return self.result()
+
+        return torch.futures.collect_all([work.get_future() for work in self._works]).then(outputs)

@@ -28,6 +28,11 @@ _AUTO = {"cpu": ("mpi",), "cuda": ("ucc",)}
 _routes: dict[str, str] | None = None
 
 
+def devices() -> list[str]:
+    """The device types some transport can carry today: those hpccomm registers with torch."""
+    return sorted({device for served in _SERVES.values() for device in served})
+
+
 def wants_ucc() -> bool:
     """Whether some device is routed to UCC (so UCC must be loaded before MPI starts)."""
     return any(name == "ucc" and device in _SERVES["ucc"] for device, name in settings.transports)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from hpccomm.front import front_of
 from hpccomm.transports import half_reduce
 from hpccomm.transports.topology_aware import TopologyAwareTransport
 
@@ -11,7 +12,7 @@ from hpccomm.transports.topology_aware import TopologyAwareTransport
 def transport(group=None) -> TopologyAwareTransport:
     """The CPU transport of ``group`` (default: the world); fails unless it has a topology-aware path."""
     pg = group if group is not None else dist.group.WORLD
-    found = pg._cpu_transport
+    found = front_of(pg)._cpu_transport
     assert isinstance(found, TopologyAwareTransport), f"no topology-aware path: {type(found).__name__}"
     return found
 
@@ -35,12 +36,12 @@ class Through:
         self.op, self.what, self.expect, self.calls = op, what, expect, calls
 
     def __enter__(self) -> None:
-        pg = dist.group.WORLD._cpu_transport
+        pg = front_of(dist.group.WORLD)._cpu_transport
         self.before = pg.taken[self.op] if isinstance(pg, TopologyAwareTransport) else 0
 
     def __exit__(self, *exc: object) -> None:
         if exc[0] is None:
-            pg = dist.group.WORLD._cpu_transport
+            pg = front_of(dist.group.WORLD)._cpu_transport
             took = (pg.taken[self.op] if isinstance(pg, TopologyAwareTransport) else 0) - self.before
             wanted = self.calls if self.expect else 0
             assert took == wanted, f"{self.what}: {took} of {self.calls} calls took the topology-aware path, not {wanted}"

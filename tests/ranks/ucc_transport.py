@@ -11,6 +11,7 @@ import sys
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from hpccomm.front import front_of
 from hpccomm.transports import ucc as ucc_transport
 from rankcheck import check, run_all
 
@@ -31,7 +32,7 @@ RANK, SIZE = dist.get_rank(), dist.get_world_size()
 
 @check
 def host_tensors_go_to_ucc_and_the_log_says_so_once() -> None:
-    transports = dist.group.WORLD._transports
+    transports = front_of(dist.group.WORLD)._transports
     assert type(transports["cpu"]).__name__ == "UCCTransport", transports
     assert "cuda" not in transports, transports
     group = dist.new_group(list(range(SIZE)))

@@ -1,0 +1,639 @@
+"""The front: torch's collective API, checked and dispatched to a transport.
+
+:class:`Front` holds every operation hpccomm offers a group. torch reaches it
+through one of two shells, chosen once at registration by what the installed
+torch offers (:mod:`hpccomm.registration`):
+
+* :class:`~hpccomm.backend.HpccommBackend`, a ``torch.distributed.Backend``
+  that torch's own ProcessGroup wraps per device type, as it wraps Gloo and
+  NCCL (torch >= 2.14, where a Python class can subclass ``Backend``);
+* :class:`~hpccomm.process_group.ProcessGroupHpccomm`, a Python
+  ``ProcessGroup`` (torch 2.11-2.13, whose ``Backend`` cannot be subclassed).
+
+Each operation
+
+1. validates its arguments locally (:mod:`hpccomm.validation`) and, in debug
+   mode, against the other ranks (:mod:`hpccomm.debug`), before anything is
+   communicated;
+2. picks the transport registered for the tensors' device type;
+3. wraps the transport's Pending in an :class:`~hpccomm.work.HpcWork`, which
+   the caller's ``wait()`` drives inline, or hands it to the progress engine
+   when torch asked for an asynchronous op.
+
+The front knows nothing about MPI: transports plug in per device type.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    AllgatherOptions,
+    AllreduceCoalescedOptions,
+    AllreduceOptions,
+    AllToAllOptions,
+    BarrierOptions,
+    BroadcastOptions,
+    GatherOptions,
+    ReduceOptions,
+    ReduceScatterOptions,
+    ScatterOptions,
+)
+
+from . import debug, validation as check
+from .monitor import Monitor
+from .progress import DRAIN_TIMEOUT_S, engine
+from .sparse import SparseAllreduce
+from .tracing import untraced
+from .transports import Transport
+from .transports.mpi_types import Reduction, reduction
+from .work import AllPending, HpcWork, Pending, WorkList, complete_inline
+
+RedOpType = dist.ReduceOp.RedOpType
+BACKEND_NAME = "hpccomm"
+#: Posts an operation whose arguments were already checked: (pending, outputs).
+Poster = Callable[[], tuple[Pending, list[torch.Tensor]]]
+
+
+_PREMUL_SUM = int(RedOpType.PREMUL_SUM.value)
+
+
+def _kind_by_hash_is_exact() -> bool:
+    for kind in RedOpType.__members__.values():
+        if kind != RedOpType.PREMUL_SUM and hash(dist.ReduceOp(kind)) != kind.value:
+            return False
+    return hash(dist._make_nccl_premul_sum(2.0)) == _PREMUL_SUM
+
+
+# A ReduceOp hashes to its kind's int value; reading it that way costs a third
+# of `reduce_op.op.value`, and pybind enum comparisons cost more than the rest
+# of a small all_reduce. Checked once, in case a torch release changes it.
+_op_kind = hash if _kind_by_hash_is_exact() else (lambda reduce_op: reduce_op.op.value)
+
+
+_plain_reductions: dict[tuple[int, torch.dtype], Reduction] = {}
+
+
+def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
+    kind = _op_kind(reduce_op)
+    found = _plain_reductions.get((kind, dtype))
+    if found is not None:
+        return found
+    if kind == _PREMUL_SUM:
+        return reduction(op, reduce_op, dtype)  # carries a per-call factor
+    found = reduction(op, reduce_op, dtype)  # raises for pairs that make no sense
+    _plain_reductions[(kind, dtype)] = found
+    return found
+
+
+@untraced
+class Front:
+    """The operations of one hpccomm group, on its transports; a shell adds torch's base class.
+
+    Args:
+        rank: this process's rank in the group.
+        size: the number of ranks in the group.
+        transports: the transport for each device type (``"cpu"`` -> MPI).
+        timeout: bounds every operation on the group.
+        global_ranks: the world rank of each group rank.
+        monitor: runs the group's monitored barriers.
+        checker: debug mode's cross-rank argument checker, or None.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        size: int,
+        transports: dict[str, Transport],
+        timeout: timedelta,
+        global_ranks: Sequence[int],
+        monitor: Monitor,
+        checker: debug.Checker | None = None,
+    ) -> None:
+        super().__init__(rank, size)
+        self._rank = rank
+        self._size = size
+        self._transports = transports
+        self._cpu_transport = transports.get("cpu")
+        self._timeout_s = timeout.total_seconds()
+        self._global_ranks = tuple(global_ranks)
+        self._group_name = ""
+        self._seq = 0
+        self._closed: str | None = None
+        self._monitor = monitor
+        self._debug = checker
+        self._async_works: list[HpcWork] = []
+        # The works posted since start_coalescing(), or None outside coalescing.
+        self._coalesced: list[HpcWork] | None = None
+        # Set once an operation ended without its communication completing
+        # (timeout, departed peer, closed group): MPI may still touch it.
+        self._stranded = False
+
+    # -- identity --------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def name(self) -> str:
+        return BACKEND_NAME
+
+    @property
+    def closed(self) -> str | None:
+        """'aborted' or 'shut down' once the group has ended, else None."""
+        return self._closed
+
+    def describe(self) -> str:
+        """'group NAME (N ranks)', for messages."""
+        return f"group '{self._group_name or '?'}' ({self._size} ranks)"
+
+    def global_ranks(self) -> tuple[int, ...]:
+        """World rank of each rank of this group."""
+        return self._global_ranks
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        """Bound the group's later operations by ``timeout`` (torch's ``ProcessGroup.set_timeout``)."""
+        self._timeout_s = timeout.total_seconds()
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _route(self, op: str, tensor: torch.Tensor) -> Transport:
+        if self._closed is not None:
+            raise RuntimeError(f"hpccomm {op}: {self.describe()} was {self._closed}; create a new group")
+        # tensor.is_cpu costs a seventh of tensor.device.type
+        return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
+
+    def _launch(
+        self,
+        op: str,
+        post: Pending,
+        outputs: list[torch.Tensor],
+        async_op: bool,
+        peer: int | None = -1,
+        timeout_s: float | None = None,
+    ) -> dist.Work:
+        """Complete ``post`` inline, or wrap it in an HpcWork for the progress engine.
+
+        Args:
+            op: the op's name, for messages.
+            post: the posted operation.
+            outputs: the tensors it writes (the future's value).
+            async_op: hand it to the progress engine instead of completing it here.
+            peer: the group rank a point-to-point op waits for (None: any rank,
+                so no single departure dooms it); -1, for collectives, means
+                the whole group.
+            timeout_s: this call's own timeout (torch's ``barrier(timeout=)``),
+                else the group's.
+        """
+        self._seq += 1
+        peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
+        label = (op, self, self._seq, peers)
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        if not async_op:
+            try:
+                return complete_inline(post, label, timeout_s)
+            except BaseException:
+                self._stranded = True
+                raise
+        work = HpcWork(post, outputs, label, timeout_s)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        collective = peer == -1
+        # Tested before any other thread can see it: a small send, or a receive already matched, ends here.
+        if not collective and work.ended_when_posted():
+            return work
+        self._forget_ended_works()
+        self._async_works.append(work)
+        # A point-to-point op's caller usually waits on it at once: no need to wake the thread.
+        engine().submit(work, prompt=collective)
+        return work
+
+    def _precheck(self, op: str, **signature: object) -> None:
+        if self._debug is not None:
+            self._debug.agree(op, self._seq + 1, self.describe(), signature)
+
+    # -- all-reduce, broadcast, reduce ---------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: AllreduceOptions = None) -> dist.Work:
+        opts = opts or AllreduceOptions()
+        try:
+            tensor = check.check_single("all_reduce", "tensor", tensors, self._transports)
+        except check.LayoutError:
+            if len(tensors) == 1 and tensors[0].is_sparse:  # checked only here: dense calls pay nothing
+                return self._allreduce_sparse(tensors[0], opts)
+            raise
+        transport = self._route("all_reduce", tensor)
+        red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
+        if self._debug is not None:
+            self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
+        return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def _allreduce_sparse(self, tensor: torch.Tensor, opts: AllreduceOptions) -> dist.Work:
+        op = "all_reduce"
+        if _op_kind(opts.reduceOp) != int(RedOpType.SUM.value):
+            raise check.fail(op, f"sparse tensors are summed only (as with Gloo), got {opts.reduceOp.op}")
+        check.check_device(op, "tensor", tensor, self._transports)
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, shape=list(tensor.shape), sparse_dim=tensor.sparse_dim())
+        return self._launch(op, SparseAllreduce(transport, tensor, self._size), [tensor], opts.asyncOp)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: AllreduceCoalescedOptions = None) -> dist.Work:
+        opts = opts or AllreduceCoalescedOptions()
+        op = "all_reduce_coalesced"
+        tensors = check.check_tensors(op, "tensors", tensors, self._transports)
+        if not tensors:
+            raise check.fail(op, "tensors is empty")
+        transport = self._route(op, tensors[0])
+        red = _reduction_for(op, opts.reduceOp, tensors[0].dtype)
+        self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], reduce_op=opts.reduceOp.op)
+        return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = None) -> dist.Work:
+        opts = opts or BroadcastOptions()
+        tensor = check.check_single("broadcast", "tensor", tensors, self._transports)
+        root = check.check_rank("broadcast", "src", opts.rootRank, self._size)
+        transport = self._route("broadcast", tensor)
+        self._precheck("broadcast", dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = None) -> dist.Work:
+        opts = opts or ReduceOptions()
+        tensor = check.check_single("reduce", "tensor", tensors, self._transports)
+        root = check.check_rank("reduce", "dst", opts.rootRank, self._size)
+        transport = self._route("reduce", tensor)
+        red = _reduction_for("reduce", opts.reduceOp, tensor.dtype)
+        self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, reduce_op=opts.reduceOp.op)
+        return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp)
+
+    # -- gathers -------------------------------------------------------------
+
+    def allgather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: AllgatherOptions = None
+    ) -> dist.Work:
+        opts = opts or AllgatherOptions()
+        if len(output_tensors) != 1:
+            raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
+        tensor = check.check_single("all_gather", "tensor", input_tensors, self._transports)
+        post, outputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
+        return self._launch("all_gather", post, outputs, opts.asyncOp)
+
+    def _prepare_allgather(self, op: str, out_arg: str, output_list: list[torch.Tensor], tensor: torch.Tensor) -> Poster:
+        """Check one all-gather of the (checked) ``tensor`` into ``output_list``, one tensor per rank."""
+        outputs = check.check_tensors(op, out_arg, output_list, self._transports)
+        check.check_length(op, out_arg, outputs, self._size)
+        check.check_same_dtype(op, f"{out_arg}[0]", outputs[0], tensor, "tensor")
+        check.check_numel(op, f"{out_arg}[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
+        return lambda: (transport.allgather(outputs, tensor), outputs)
+
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
+    ) -> dist.Work:
+        """Gather each input from every rank: ``output_lists[rank][i]`` receives ``rank``'s ``input_list[i]``."""
+        opts = opts or AllgatherOptions()
+        op = "all_gather_coalesced"
+        inputs = check.check_tensors(op, "input_tensor_list", input_list, self._transports)
+        if not isinstance(output_lists, (list, tuple)):
+            raise check.fail(op, f"output_tensor_lists must be a list of lists, got {type(output_lists).__name__}")
+        check.check_length(op, "output_tensor_lists", output_lists, self._size)
+        for rank, outs in enumerate(output_lists):
+            if not isinstance(outs, (list, tuple)) or len(outs) != len(inputs):
+                got = f"{len(outs)} tensors" if isinstance(outs, (list, tuple)) else type(outs).__name__
+                raise check.fail(
+                    op, f"output_tensor_lists[{rank}] must hold one tensor per input ({len(inputs)}), got {got}"
+                )
+        posters = [
+            self._prepare_allgather(op, f"output_tensor_lists[*][{i}]", [outs[i] for outs in output_lists], tensor)
+            for i, tensor in enumerate(inputs)
+        ]
+        return self._launch_all(op, posters, opts.asyncOp)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
+        opts = opts or AllgatherOptions()
+        post, outputs = self._prepare_all_gather_single(output, input)()
+        return self._launch("all_gather_into_tensor", post, outputs, opts.asyncOp)
+
+    def _prepare_all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Poster:
+        op = "all_gather_into_tensor"
+        tensor = check.check_tensor(op, "input_tensor", input, self._transports)
+        output = check.check_tensor(op, "output_tensor", output, self._transports)
+        check.check_same_dtype(op, "output_tensor", output, tensor, "input_tensor")
+        check.check_numel(op, "output_tensor", output, tensor.numel() * self._size, "world size x input elements")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel())
+        return lambda: (transport.allgather_into(output, tensor), [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions = None
+    ) -> dist.Work:
+        opts = opts or AllgatherOptions()
+        self._check_pairs("all_gather_into_tensor_coalesced", outputs, inputs)
+        posters = [self._prepare_all_gather_single(out, inp) for out, inp in zip(outputs, inputs)]
+        return self._launch_all("all_gather_into_tensor_coalesced", posters, opts.asyncOp)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: GatherOptions = None
+    ) -> dist.Work:
+        opts = opts or GatherOptions()
+        op = "gather"
+        tensor = check.check_single(op, "tensor", input_tensors, self._transports)
+        root = check.check_rank(op, "dst", opts.rootRank, self._size)
+        outputs = None
+        if self._rank == root:
+            if len(output_tensors) != 1:
+                raise check.fail(op, "gather_list must be given on the destination rank")
+            outputs = check.check_tensors(op, "gather_list", output_tensors[0], self._transports)
+            check.check_length(op, "gather_list", outputs, self._size)
+            check.check_same_dtype(op, "gather_list[0]", outputs[0], tensor, "tensor")
+            check.check_numel(op, f"gather_list[{root}]", outputs[root], tensor.numel(), "the root's tensor")
+        elif output_tensors and output_tensors[0]:
+            raise check.fail(op, "gather_list must only be given on the destination rank")
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        return self._launch(op, transport.gather(outputs, tensor, root), outputs or [], opts.asyncOp)
+
+    # -- scatters and reduce-scatters ---------------------------------------
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: ScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or ScatterOptions()
+        op = "scatter"
+        output = check.check_single(op, "tensor", output_tensors, self._transports)
+        root = check.check_rank(op, "src", opts.rootRank, self._size)
+        inputs = None
+        if self._rank == root:
+            if len(input_tensors) != 1:
+                raise check.fail(op, "scatter_list must be given on the source rank")
+            inputs = check.check_tensors(op, "scatter_list", input_tensors[0], self._transports)
+            check.check_length(op, "scatter_list", inputs, self._size)
+            check.check_same_dtype(op, "scatter_list[0]", inputs[0], output, "tensor")
+            check.check_numel(op, f"scatter_list[{root}]", inputs[root], output.numel(), "the root's tensor")
+        elif input_tensors and input_tensors[0]:
+            raise check.fail(op, "scatter_list must only be given on the source rank")
+        transport = self._route(op, output)
+        self._precheck(op, dtype=output.dtype, numel=output.numel(), root=root)
+        return self._launch(op, transport.scatter(output, inputs, root), [output], opts.asyncOp)
+
+    def reduce_scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: ReduceScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or ReduceScatterOptions()
+        op = "reduce_scatter"
+        output = check.check_single(op, "output", output_tensors, self._transports)
+        if len(input_tensors) != 1:
+            raise check.fail(op, f"input_list must be one list per process, got {len(input_tensors)}")
+        inputs = check.check_tensors(op, "input_list", input_tensors[0], self._transports)
+        check.check_length(op, "input_list", inputs, self._size)
+        check.check_same_dtype(op, "input_list[0]", inputs[0], output, "output")
+        check.check_numel(op, "output", output, inputs[self._rank].numel(), f"input_list[{self._rank}]")
+        transport = self._route(op, output)
+        red = _reduction_for(op, opts.reduceOp, output.dtype)
+        self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], reduce_op=opts.reduceOp.op)
+        return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or ReduceScatterOptions()
+        post, outputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)()
+        return self._launch("reduce_scatter_tensor", post, outputs, opts.asyncOp)
+
+    def _prepare_reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, reduce_op: dist.ReduceOp) -> Poster:
+        op = "reduce_scatter_tensor"
+        tensor = check.check_tensor(op, "input", input, self._transports)
+        output = check.check_tensor(op, "output", output, self._transports)
+        check.check_same_dtype(op, "output", output, tensor, "input")
+        check.check_numel(op, "input", tensor, output.numel() * self._size, "world size x output elements")
+        transport = self._route(op, tensor)
+        red = _reduction_for(op, reduce_op, tensor.dtype)
+        self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=reduce_op.op)
+        return lambda: (transport.reduce_scatter_from(output, tensor, red), [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions = None
+    ) -> dist.Work:
+        opts = opts or ReduceScatterOptions()
+        self._check_pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
+        reduce_op = opts.reduceOp
+        posters = [self._prepare_reduce_scatter_single(out, inp, reduce_op) for out, inp in zip(outputs, inputs)]
+        return self._launch_all("reduce_scatter_tensor_coalesced", posters, opts.asyncOp)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    @staticmethod
+    def _check_pairs(op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
+        if len(outputs) != len(inputs):
+            raise check.fail(op, f"{len(outputs)} outputs but {len(inputs)} inputs")
+
+    def _launch_all(self, op: str, posters: list[Poster], async_op: bool) -> dist.Work:
+        """Post several validated operations; one Work ends when all have.
+
+        Every argument was checked before the first post, so a bad one
+        leaves no peer waiting.
+        """
+        posted = [poster() for poster in posters]
+        outputs = [tensor for _, outs in posted for tensor in outs]
+        return self._launch(op, AllPending([post for post, _ in posted]), outputs, async_op)
+
+    # -- all-to-all ------------------------------------------------------------
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: AllToAllOptions = None
+    ) -> dist.Work:
+        opts = opts or AllToAllOptions()
+        op = "all_to_all"
+        outputs = check.check_tensors(op, "output_tensor_list", output_tensors, self._transports)
+        inputs = check.check_tensors(op, "input_tensor_list", input_tensors, self._transports)
+        check.check_length(op, "output_tensor_list", outputs, self._size)
+        check.check_length(op, "input_tensor_list", inputs, self._size)
+        check.check_same_dtype(op, "output_tensor_list[0]", outputs[0], inputs[0], "input_tensor_list[0]")
+        transport = self._route(op, inputs[0])
+        self._precheck(op, dtype=inputs[0].dtype, numels=[t.numel() for t in inputs])
+        return self._launch(op, transport.alltoall(outputs, inputs), outputs, opts.asyncOp)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: AllToAllOptions = None,
+    ) -> dist.Work:
+        opts = opts or AllToAllOptions()
+        op = "all_to_all_single"
+        tensor = check.check_tensor(op, "input", input, self._transports)
+        output = check.check_tensor(op, "output", output, self._transports)
+        check.check_same_dtype(op, "output", output, tensor, "input")
+        input_counts = check.split_counts(op, "input", tensor, input_split_sizes, self._size)
+        output_counts = check.split_counts(op, "output", output, output_split_sizes, self._size)
+        transport = self._route(op, tensor)
+        self._precheck(op, dtype=tensor.dtype, sends=input_counts, receives=output_counts)
+        post = transport.alltoall_single(output, tensor, output_counts, input_counts)
+        return self._launch(op, post, [output], opts.asyncOp)
+
+    alltoall_base = all_to_all_single
+
+    # -- barrier and point-to-point -------------------------------------------
+
+    def barrier(self, opts: BarrierOptions = None) -> dist.Work:
+        opts = opts or BarrierOptions()
+        transport = self._route("barrier", torch.empty(0))
+        own_timeout = opts.timeout.total_seconds()  # negative: torch's "unset"
+        self._precheck("barrier")
+        post = transport.barrier()
+        return self._launch("barrier", post, [], opts.asyncOp, timeout_s=own_timeout if own_timeout > 0 else None)
+
+    def monitored_barrier(
+        self, timeout: timedelta | float | BarrierOptions | None = None, wait_all_ranks: bool = False
+    ) -> None:
+        """A barrier that names the ranks that did not arrive within ``timeout``.
+
+        torch's ``dist.monitored_barrier`` serves Gloo only; this is the same
+        call on an hpccomm group (see :mod:`hpccomm.monitor`), also reachable
+        as :func:`hpccomm.monitored_barrier`.
+
+        Args:
+            timeout: how long to wait (a timedelta or seconds, or torch's
+                BarrierOptions carrying it); default: the group's timeout.
+            wait_all_ranks: rank 0 names every missing rank, not just the first.
+
+        Raises:
+            MonitoredBarrierError: on rank 0, naming the missing rank(s); on the
+                others, saying rank 0 did not release them.
+        """
+        if self._closed is not None:
+            raise RuntimeError(f"hpccomm monitored_barrier: {self.describe()} was {self._closed}; create a new group")
+        if isinstance(timeout, BarrierOptions):  # torch's Backend API passes its options
+            timeout = timeout.timeout if timeout.timeout.total_seconds() >= 0 else None
+        if isinstance(timeout, timedelta):
+            seconds = timeout.total_seconds()
+        else:
+            seconds = self._timeout_s if timeout is None else float(timeout)
+        if seconds < 0:
+            raise check.fail("monitored_barrier", f"timeout={timeout} must not be negative")
+        self._monitor.barrier(f"monitored_barrier on {self.describe()}", seconds, wait_all_ranks, self._global_ranks)
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:
+        tensor = check.check_single("send", "tensor", tensors, self._transports)
+        peer = check.check_rank("send", "dst", dstRank, self._size)
+        if tag < 0:
+            raise check.fail("send", f"tag={tag} must be non-negative")
+        transport = self._route("send", tensor)
+        return self._launch("send", transport.send(tensor, peer, tag), tensors, True, peer)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> dist.Work:
+        tensor = check.check_single("recv", "tensor", tensors, self._transports)
+        peer = check.check_rank("recv", "src", srcRank, self._size)
+        if tag < 0:
+            raise check.fail("recv", f"tag={tag} must be non-negative")
+        transport = self._route("recv", tensor)
+        return self._launch("recv", transport.recv(tensor, peer, tag), tensors, True, peer)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> dist.Work:
+        tensor = check.check_single("recv", "tensor", tensors, self._transports)
+        if tag < 0:
+            raise check.fail("recv", f"tag={tag} must be non-negative")
+        transport = self._route("recv", tensor)
+        return self._launch("recv", transport.recv(tensor, None, tag), tensors, True, None)
+
+    # -- coalescing (torch's batch_isend_irecv, _coalescing_manager) ----------
+
+    def start_coalescing(self) -> None:
+        """Collect the works of the operations that follow, until :meth:`end_coalescing`.
+
+        Each operation is still posted when called (MPI's requests are
+        independent), so coalescing groups works without delaying any.
+        """
+        if self._coalesced is not None:
+            raise RuntimeError(f"hpccomm start_coalescing: {self.describe()} is already coalescing")
+        self._coalesced = []
+
+    def end_coalescing(self) -> dist.Work:
+        """One Work for every asynchronous operation posted since :meth:`start_coalescing`."""
+        if self._coalesced is None:
+            raise RuntimeError(f"hpccomm end_coalescing: {self.describe()} was not coalescing")
+        works, self._coalesced = self._coalesced, None
+        return WorkList(works)
+
+    # -- lifetime ----------------------------------------------------------------
+
+    def _forget_ended_works(self) -> None:
+        live = []
+        for work in self._async_works:
+            if not work._done:
+                live.append(work)
+            elif work._error is not None:
+                self._stranded = True
+        self._async_works = live
+
+    def _finish_pending_works(self, limit_s: float) -> None:
+        """Drive asynchronous work still in flight to its end, for at most ``limit_s`` in all."""
+        deadline = time.monotonic() + limit_s
+        for work in self._async_works:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if work._done:
+                continue
+            try:
+                work.wait(timedelta(seconds=left))
+            except Exception:  # any error finish() raised, too: its waiter sees it; the group is ending
+                pass
+
+    def shutdown(self) -> None:
+        """End the group (``destroy_process_group``); later calls raise.
+
+        Asynchronous work still in flight is first driven to completion, as
+        at exit (at most :data:`~hpccomm.progress.DRAIN_TIMEOUT_S`): a
+        program may destroy its groups without waiting on its last works.
+        What is still pending then fails.
+        """
+        self._finish_pending_works(min(self._timeout_s, DRAIN_TIMEOUT_S))
+        self._close("shut down")
+
+    def abort(self) -> None:
+        """End the group now: pending work fails at once, later calls raise."""
+        self._close("aborted")
+
+    def _close(self, how: str) -> None:
+        if self._closed is not None:
+            return
+        self._closed = how
+        # Waiters and the progress thread notice `closed` within a few polls
+        # and fail their work; polling here fails work nobody is driving.
+        for work in self._async_works:
+            work.poll()
+        self._forget_ended_works()
+        stranded = self._stranded or bool(self._async_works)
+        self._async_works = []
+        for transport in self._transports.values():
+            transport.close(in_flight=stranded)
+        self._monitor.close()
+        if self._debug is not None:
+            self._debug.close()
+
+
+def front_of(group: object) -> Front | None:
+    """The hpccomm group behind a torch process group, or None where hpccomm does not serve it.
+
+    On torch >= 2.14 the group is torch's ProcessGroup and hpccomm its CPU
+    backend; on older releases the group is hpccomm's own.
+    """
+    if isinstance(group, Front):
+        return group
+    try:
+        backend = group._get_backend(torch.device("cpu"))  # type: ignore[attr-defined]
+    except (AttributeError, RuntimeError):
+        return None
+    return backend if isinstance(backend, Front) else None

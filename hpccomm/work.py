@@ -208,7 +208,9 @@ class HpcWork(dist.Work):
         self._claim = threading.RLock()
         self._done = False
         self._error: BaseException | None = None
+        # Settled with the outputs or a _Failed; callers get _public_future, chained to it.
         self._future: Future | None = None
+        self._public_future: Future | None = None
         # Threads inside wait(): each drives the work itself, so the progress
         # thread leaves it alone rather than contend with them for the GIL.
         self.waiters = 0
@@ -271,10 +273,7 @@ class HpcWork(dist.Work):
                 self._settle_future(future)
 
     def _settle_future(self, future: Future) -> None:
-        if self._error is None:
-            future.set_result(self._outputs)
-        else:
-            future.set_exception(self._error)
+        future.set_result(self._outputs if self._error is None else _Failed(self._error))
 
     def _timeout_error(self, waited_s: float) -> CommTimeoutError:
         return timeout_error(self._label, waited_s)
@@ -348,12 +347,35 @@ class HpcWork(dist.Work):
         with self._claim:
             if self._future is None:
                 self._future = Future()
+                self._public_future = self._future.then(_raise_failure)
                 if self._done:
                     self._settle_future(self._future)
-            return self._future
+            return self._public_future
 
     def _source_rank(self) -> int:
         return getattr(self._pending, "source_rank", -1)
+
+
+class _Failed:
+    """What a work's inner future holds when the work failed: the error, raised by :func:`_raise_failure`."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _raise_failure(future: Future) -> list[torch.Tensor]:
+    """The outputs, or the work's error raised, so the future it settles fails in C++ too.
+
+    ``Future.set_exception`` stores the error as the value and raises it from
+    the Python object's ``wait()``; torch >= 2.14 hands a Python backend's
+    future on through C++, whose fresh Python object then returned the error
+    as the value. An error raised in a ``then`` callback fails the future
+    itself, whichever object waits on it.
+    """
+    value = future.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
 
 
 _last_any_source = threading.local()

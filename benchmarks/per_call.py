@@ -1,0 +1,121 @@
+"""Per-call cost at 2 ranks: hpccomm against raw mpi4py and torch's own floor, in one job.
+
+Usage: ``hpccomm-run -n 2 python benchmarks/per_call.py [--iters N] [--rounds R]``
+
+Back to back, 4-byte float32 messages: the all_reduce time, and send/recv's
+one-way time (half a ping-pong), each the median of rounds of N calls; for
+hpccomm through ``torch.distributed``, for raw mpi4py on hpccomm's own MPI,
+and torch's floor: ``dist.all_reduce`` on a Python backend that does nothing
+(its own shell for the installed torch, as hpccomm's), so whatever torch
+itself costs per call is measured in the same minute. The figure of merit
+is (hpccomm - raw mpi4py) / floor: how many of torch's own per-call costs
+hpccomm adds on top of MPI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+from hpccomm import world
+from hpccomm.registration import BACKEND_SHAPE
+from hpccomm.work import COMPLETED
+
+
+def nothing_group(rank: int, size: int) -> Any:
+    """A group of a backend whose every all_reduce returns a completed Work at once."""
+    if BACKEND_SHAPE:
+        from torch._C._distributed_c10d import Backend as Base
+    else:
+        Base = dist.ProcessGroup
+
+    class Nothing(Base):  # type: ignore[misc, valid-type]
+        def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+            return COMPLETED
+
+        def getBackendName(self) -> str:
+            return "nothing"
+
+    # torch >= 2.14 reads these off a Python Backend (and recurses where one is missing).
+    for flag in ("supports_splitting", "supports_coalescing", "supports_shrinking", "_supports_time_estimate",
+                 "supports_abort_hooks", "supports_reconfigure", "supports_window"):
+        setattr(Nothing, flag, property(lambda self: False))
+
+    dist.Backend.register_backend("nothing", lambda opts, _: Nothing(opts.group_rank, opts.group_size),
+                                  extended_api=True, devices=["cpu"])
+    return dist.new_group(list(range(size)), backend="nothing")
+
+
+def timed(fn: Any, iters: int, rounds: int, per_call_divisor: int = 1) -> float:
+    """Median over ``rounds`` of the time per call of ``fn`` (us), after a warm-up round."""
+    samples = []
+    for round_ in range(rounds + 1):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        if round_:
+            samples.append((time.perf_counter() - start) / iters / per_call_divisor * 1e6)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args()
+    dist.init_process_group("hpccomm")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    assert size == 2, "run on 2 ranks"
+    comm = world.mpi().COMM_WORLD.Dup()
+    nothing = nothing_group(rank, size)
+    t, out = torch.ones(1), torch.zeros(1)
+    a, b = t.numpy(), out.numpy()
+    peer = 1 - rank
+
+    def raw_ping() -> None:
+        if rank == 0:
+            comm.Send(a, dest=peer)
+            comm.Recv(b, source=peer)
+        else:
+            comm.Recv(b, source=peer)
+            comm.Send(a, dest=peer)
+
+    def hpc_ping() -> None:
+        if rank == 0:
+            dist.send(t, dst=peer)
+            dist.recv(out, src=peer)
+        else:
+            dist.recv(out, src=peer)
+            dist.send(t, dst=peer)
+
+    cases = {
+        "raw all_reduce": (lambda: comm.Allreduce(a, b), 1),
+        "hpccomm all_reduce": (lambda: dist.all_reduce(t), 1),
+        "floor all_reduce": (lambda: dist.all_reduce(t, group=nothing), 1),
+        "raw send/recv one-way": (raw_ping, 2),
+        "hpccomm send/recv one-way": (hpc_ping, 2),
+    }
+    results = {}
+    for name, (fn, divisor) in cases.items():
+        comm.Barrier()
+        results[name] = timed(fn, args.iters, args.rounds, divisor)
+    if rank == 0:
+        floor = results["floor all_reduce"]
+        print(f"# torch {torch.__version__}, hpccomm as a {'Backend' if BACKEND_SHAPE else 'ProcessGroup'}; "
+              f"median of {args.rounds} rounds of {args.iters} calls, us")
+        for name, value in results.items():
+            print(f"{name:28s} {value:8.2f}")
+        for op in ("all_reduce", "send/recv one-way"):
+            above = results[f"hpccomm {op}"] - results[f"raw {op}"]
+            print(f"{op:28s} (hpccomm - raw) / floor = {above / floor:.2f}")
+    comm.Free()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -26,7 +26,10 @@ from rankcheck import check, expect_error, run_all
 
 BOUND = "--bound-device" in sys.argv
 BACKEND = next((arg.split("=", 1)[1] for arg in sys.argv if arg.startswith("--backend=")), "hpccomm")
-dist.init_process_group(BACKEND, device_id=torch.device("cpu", 0) if BOUND else None)
+if BOUND and not BACKEND_SHAPE:
+    # torch <= 2.13 binds a group to accelerators only.
+    expect_error(ValueError, "accelerator", lambda: dist.init_process_group(BACKEND, device_id=torch.device("cpu", 0)))
+dist.init_process_group(BACKEND, device_id=torch.device("cpu", 0) if BOUND and BACKEND_SHAPE else None)
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
 WORLD = dist.group.WORLD
 
@@ -65,8 +68,11 @@ def the_shape_follows_what_torch_offers() -> None:
 def a_mixed_backend_string_gives_cpu_tensors_to_hpccomm() -> None:
     if BACKEND == "hpccomm":
         return
-    assert BACKEND_SHAPE, "mixed backend strings need torch >= 2.14"
     assert summed(WORLD) == SIZE
+    if not BACKEND_SHAPE:
+        # torch <= 2.13: hpccomm's ProcessGroup stands for the whole group; the other half is not made.
+        assert front_of(WORLD) is WORLD
+        return
     devices = {device.type for device in WORLD._device_types}
     assert devices == {"cpu", "cuda"}, devices
     assert WORLD._get_backend(torch.device("cpu")) is front_of(WORLD)
@@ -120,7 +126,7 @@ def new_group_with_a_bound_device_is_split_from_the_default_group() -> None:
         dist.destroy_process_group(group)
     else:
         assert group == dist.GroupMember.NON_GROUP_MEMBER
-    assert BOUND == (WORLD.bound_device_id is not None)
+    assert (BOUND and BACKEND_SHAPE) == (WORLD.bound_device_id is not None)
 
 
 @backend_only

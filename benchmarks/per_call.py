@@ -77,21 +77,13 @@ def main() -> None:
     a, b = t.numpy(), out.numpy()
     peer = 1 - rank
 
-    def raw_ping() -> None:
-        if rank == 0:
-            comm.Send(a, dest=peer)
-            comm.Recv(b, source=peer)
-        else:
-            comm.Recv(b, source=peer)
-            comm.Send(a, dest=peer)
+    def ping_pong(send: Any, recv: Any) -> Any:
+        """One round trip: rank 0 sends first, rank 1 answers."""
+        first, second = (send, recv) if rank == 0 else (recv, send)
+        return lambda: (first(), second())
 
-    def hpc_ping() -> None:
-        if rank == 0:
-            dist.send(t, dst=peer)
-            dist.recv(out, src=peer)
-        else:
-            dist.recv(out, src=peer)
-            dist.send(t, dst=peer)
+    raw_ping = ping_pong(lambda: comm.Send(a, dest=peer), lambda: comm.Recv(b, source=peer))
+    hpc_ping = ping_pong(lambda: dist.send(t, dst=peer), lambda: dist.recv(out, src=peer))
 
     cases = {
         "raw all_reduce": (lambda: comm.Allreduce(a, b), 1),

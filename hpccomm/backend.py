@@ -31,7 +31,6 @@ from torch._C._distributed_c10d import Backend
 from . import world
 from .front import BACKEND_NAME, Front
 from .tracing import untraced
-from .work import last_any_source_rank
 
 #: Builds a child group's backend on an MPI communicator: (comm, world ranks of its ranks, timeout).
 ChildFactory = Callable[[Any, Sequence[int], timedelta], "HpccommBackend"]
@@ -167,11 +166,11 @@ class HpccommBackend(Front, Backend):
 
     # -- ending ------------------------------------------------------------------
 
-    def registerAbortHook(self, hook_id: int, hook: Callable[[], None]) -> None:  # noqa: N802: torch's trampoline name
+    def registerAbortHook(self, hook_id: int, hook: Callable[[], None]) -> None:  # noqa: N802 (torch's trampoline name)
         """Run ``hook`` when this group is aborted (``ProcessGroup.register_abort_hook``)."""
         self._abort_hooks[hook_id] = hook
 
-    def unregisterAbortHook(self, hook_id: int) -> None:  # noqa: N802: torch's trampoline name
+    def unregisterAbortHook(self, hook_id: int) -> None:  # noqa: N802 (torch's trampoline name)
         self._abort_hooks.pop(hook_id, None)
 
     register_abort_hook = registerAbortHook
@@ -190,31 +189,3 @@ class HpccommBackend(Front, Backend):
         if first:
             self._comm.Free()
 
-
-def forward_source_rank() -> None:
-    """Make ``Work._source_rank()`` answer for hpccomm's receives from any rank (idempotent).
-
-    torch wraps the Work a Python backend returns in a C++ holder that does
-    not pass ``sourceRank()`` through (torch 2.14, 2.15), so torch's
-    ``recv(src=None)``, which asks the holder right after ``wait()``, would
-    fail with "sourceRank() may only be called on work objects that correspond
-    to a recv". Where the holder cannot answer, the source of the last receive
-    from any rank this thread waited on answers (:func:`~hpccomm.work.last_any_source_rank`).
-    """
-    from torch._C._distributed_c10d import Work
-
-    original = Work._source_rank
-    if getattr(original, "hpccomm", False):
-        return
-
-    def _source_rank(self: Work) -> int:
-        try:
-            return original(self)
-        except RuntimeError:
-            rank = last_any_source_rank()
-            if rank is None:
-                raise
-            return rank
-
-    _source_rank.hpccomm = True  # type: ignore[attr-defined]
-    Work._source_rank = _source_rank

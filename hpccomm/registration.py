@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import debug, rendezvous, world
+from . import debug, rendezvous, torch_gaps, world
 from .config import settings
 from .front import BACKEND_NAME, Front
 from .monitor import Monitor
@@ -66,10 +66,7 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=selection.devices())
     rendezvous.install()
     if BACKEND_SHAPE:
-        from .backend import forward_source_rank
-
-        forward_source_rank()
-        _check_in_detail_mode_without_torchs_wrapper()
+        torch_gaps.mend()
     _register_dist2()
     _registered = True
 
@@ -125,32 +122,6 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
     if comm == MPI.COMM_NULL:
         raise RuntimeError(f"hpccomm new_group: rank {ident.rank} is not in ranks {ranks}")
     return _build(comm, ranks, opts.timeout)
-
-
-def _check_in_detail_mode_without_torchs_wrapper() -> None:
-    """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, let hpccomm's checks stand in for torch's wrapper (idempotent).
-
-    In that mode torch wraps each plugin backend in its ProcessGroupWrapper,
-    whose cross-rank checks run over Gloo; that wrapper has no
-    ``getBackendName``, which torch's ProcessGroup asks a custom backend for
-    on every operation ("getBackendName is not implemented", torch 2.15), so
-    no operation could run. hpccomm turns on its own checks in that mode
-    (:mod:`hpccomm.debug`: op, dtype, sizes and root agreed across ranks
-    before anything is posted), so its groups are left unwrapped.
-    """
-    from torch.distributed import distributed_c10d
-
-    original = getattr(distributed_c10d, "_create_process_group_wrapper", None)
-    if original is None or getattr(original, "hpccomm", False):
-        return
-
-    def create_wrapper(wrapped_pg: Any, *args: Any, **kwargs: Any) -> Any:
-        if isinstance(wrapped_pg, Front):
-            return wrapped_pg
-        return original(wrapped_pg, *args, **kwargs)
-
-    create_wrapper.hpccomm = True  # type: ignore[attr-defined]
-    distributed_c10d._create_process_group_wrapper = create_wrapper
 
 
 def _world_communicator(fresh: bool) -> Any:

@@ -156,6 +156,40 @@ def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "Comple
     return COMPLETED
 
 
+class _Probe(threading.local):
+    """While active, an hpccomm Work's ``get_future()`` names itself instead (see :func:`work_behind`)."""
+
+    active = False
+    found: dist.Work | None = None
+    #: What get_future() hands back while probing; nobody waits on it.
+    answer = Future()
+
+    def found_in(self, work: dist.Work) -> Future:
+        self.found = work
+        return self.answer
+
+
+_probe = _Probe()
+
+
+def work_behind(holder: dist.Work) -> dist.Work | None:
+    """The hpccomm Work inside torch's holder, or None when ``holder`` holds another backend's Work.
+
+    torch >= 2.14 wraps the Work a Python backend returns in a C++ holder that
+    passes only ``wait()`` and ``get_future()`` on; ``get_future()`` reaches
+    the hpccomm Work, which, while probed, names itself and does nothing else.
+    """
+    _probe.active, _probe.found = True, None
+    try:
+        holder.get_future()
+    except Exception:  # another backend's Work without a future
+        return None
+    finally:
+        _probe.active = False
+    found, _probe.found = _probe.found, None
+    return found
+
+
 @untraced
 class CompletedWork(dist.Work):
     """The Work of a blocking operation, which has completed before it is returned.
@@ -177,6 +211,8 @@ class CompletedWork(dist.Work):
         return None
 
     def get_future(self) -> Future:
+        if _probe.active:
+            return _probe.found_in(self)
         raise RuntimeError(
             "hpccomm: this operation ran blocking (async_op=False) and has completed; "
             "pass async_op=True to get a Work with a future"
@@ -302,7 +338,6 @@ class HpcWork(dist.Work):
                         self.waiters -= 1
         if self._error is not None:
             raise self._error
-        _note_any_source(self)
         return True
 
     def _drive_until(self, limit: float, waited: float) -> None:
@@ -339,6 +374,8 @@ class HpcWork(dist.Work):
         """
         from .progress import engine
 
+        if _probe.active:
+            return _probe.found_in(self)
         if not self._done and not engine().enabled:
             try:
                 self.wait()
@@ -378,25 +415,6 @@ def _raise_failure(future: Future) -> list[torch.Tensor]:
     return value
 
 
-_last_any_source = threading.local()
-
-
-def _note_any_source(work: HpcWork) -> None:
-    """Remember, for this thread, the source of a receive from any rank that ``work`` completed."""
-    if work._label[3] == ():  # peers () marks a receive from any rank
-        _last_any_source.rank = work._source_rank()
-
-
-def last_any_source_rank() -> int | None:
-    """The source of the last receive from any rank this thread waited on and that completed, or None.
-
-    torch's wrapper around a Python backend's Work (torch >= 2.14) does not
-    pass ``_source_rank()`` through; torch's ``recv(src=None)`` asks for it
-    right after ``wait()`` on the same thread, which this answers.
-    """
-    return getattr(_last_any_source, "rank", None)
-
-
 @untraced
 class WorkList(dist.Work):
     """Several works handed out as one: torch's coalesced operations (``batch_isend_irecv``).
@@ -428,6 +446,9 @@ class WorkList(dist.Work):
 
     def get_future(self) -> Future:
         """A future holding every work's output tensors once all have completed."""
+        if _probe.active:
+            return _probe.found_in(self)
+
         def outputs(done: Future) -> list[torch.Tensor]:
             for future in done.value():
                 future.value()  # raises the first work's error

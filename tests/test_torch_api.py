@@ -8,6 +8,8 @@ torch, ``init_process_group("hpccomm")`` without ``import hpccomm``.
 """
 
 import os
+import subprocess
+import sys
 
 import pytest
 from launch import assert_all_ranks_ok, run_ranks
@@ -36,9 +38,6 @@ def test_init_without_importing_hpccomm():
 
 
 def test_autoload_does_nothing_outside_a_launcher():
-    import subprocess
-    import sys
-
     env = {k: v for k, v in os.environ.items() if k not in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")}
     code = "import sys, torch; print('hpccomm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)

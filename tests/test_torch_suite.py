@@ -9,6 +9,7 @@ it, listed below.
 import re
 
 import pytest
+from hpccomm.registration import BACKEND_SHAPE
 from launch import run_ranks
 
 #: test -> why it cannot pass on any backend but Gloo
@@ -17,6 +18,10 @@ KNOWN_FAILURES = {
     "test_monitored_barrier_gloo": "torch's dist.monitored_barrier refuses every backend but Gloo by name",
     "test_monitored_barrier_gloo_subgroup": "torch's dist.monitored_barrier refuses every backend but Gloo by name",
 }
+if BACKEND_SHAPE:
+    # torch's ProcessGroup names a plugin backend by its BackendType (ProcessGroup::getBackendName), so
+    # DDP's logging data says "custom" where dist.get_backend() says "hpccomm": any Python backend's case.
+    KNOWN_FAILURES["test_ddp_logging_data_cpu"] = "torch >= 2.14 logs a plugin backend's group as 'custom'"
 #: tests that failed on hpccomm before (issue: torch's layout, timeout wording, sparse)
 MUST_PASS = [
     "test_all_gather_coalesced_simple",

@@ -70,6 +70,8 @@ def run(name: str) -> tuple[str, str]:
             # torch's skip decorators exit with a code its harness reads as a skip
             if last in _SKIP_EXITS:
                 return "skipped", _SKIP_EXITS[last]
+            if os.environ.get("RANKCHECK_TRACE"):
+                print(outcomes[0][1], flush=True)
             return "failed", last
     if result.skipped:
         return "skipped", result.skipped[0][1]

@@ -13,7 +13,7 @@ from datetime import timedelta
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
-from hpccomm.work import CommTimeoutError, HpcWork
+from hpccomm.work import CommTimeoutError
 from rankcheck import check, expect_error, run_all
 
 dist.init_process_group("hpccomm")
@@ -41,12 +41,9 @@ def async_work_completes_without_being_waited_on() -> None:
     else:
         # Nothing would complete the future behind the caller's back: get_future drives the work.
         assert future.done(), "HPCCOMM_PROGRESS_THREAD=0: get_future returned a future nobody completes"
+    assert work.is_completed() and work.is_success() and work.exception() is None
     assert torch.equal(t, torch.full_like(t, SIZE))
-    if isinstance(work, HpcWork):
-        # torch <= 2.13 hands hpccomm's Work back; torch >= 2.14 wraps it in a holder that passes
-        # only wait() and get_future() through (README, "Known limits").
-        assert work.is_completed() and work.is_success() and work.exception() is None
-        assert work.result()[0] is t
+    assert work.result()[0] is t
 
 
 @check

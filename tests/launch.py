@@ -15,6 +15,7 @@ The test then fails, so a hang can never run into CI's time limit.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -171,7 +172,9 @@ def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
     """Fail unless the run exited 0 in time and every rank printed ``<tag> rank=<r>``."""
     assert not run.timed_out, f"ranks timed out:\n{run.output[-6000:]}"
     assert run.returncode == 0, f"ranks failed (exit {run.returncode}):\n{run.output[-6000:]}"
-    seen = {line.split("rank=")[1].split()[0] for line in run.lines(tag) if "rank=" in line}
+    # Searched in the whole output, not line by line: MPICH's Hydra forwards each rank's writes as they
+    # come, so two ranks' "OK rank=1" and "OK rank=0" can share a line before their newlines arrive.
+    seen = set(re.findall(rf"(?<![A-Za-z_]){re.escape(tag)} rank=(\d+)", run.output))
     assert seen == {str(r) for r in range(nprocs)}, f"missing '{tag}' from some ranks:\n{run.output[-6000:]}"
 
 

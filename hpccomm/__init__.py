@@ -11,20 +11,29 @@ CPU tensors travel through mpi4py, and through shared memory between ranks
 of one node. Importing starts nothing: MPI starts when first needed, with
 settings chosen for the library mpi4py loads (see :mod:`hpccomm.world`).
 :func:`topology` tells where the ranks of a group run; :func:`init_device_mesh`
-builds the (node, local) mesh for HSDP. See the README for the feature table,
-configuration and limits.
+builds the (node, local) mesh for HSDP. The exceptions name what ended an
+operation: a timeout, a departed peer, a closed group, mismatched calls
+(debug mode), a monitored barrier a rank missed. The documentation
+(``docs/``) has the feature table, configuration and limits.
 """
 
 from __future__ import annotations
 
+from .debug import CollectiveMismatchError
+from .failure import PeerExitedError
 from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
 from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
+from .work import CommTimeoutError, GroupClosedError
 from .world import Identity, identity
 
 __all__ = [
+    "CollectiveMismatchError",
+    "CommTimeoutError",
+    "GroupClosedError",
     "Identity",
     "MonitoredBarrierError",
+    "PeerExitedError",
     "Topology",
     "identity",
     "init_device_mesh",

@@ -1,13 +1,13 @@
 """Runtime settings, read from the environment once.
 
-Every knob hpccomm understands lives here, so a reader (and the README's
-configuration table) has one place to look. Values are read when this module
-is first imported; tests that need other values set the environment before
-launching the ranks.
+Every knob hpccomm understands lives here, so a reader has one place to look;
+the documentation's configuration table is generated from :class:`Config`.
+Values are read when this module is first imported; tests that need other
+values set the environment before launching the ranks.
 
 The MPI library settings hpccomm applies before MPI starts
-(``MPI_LIBRARY_DEFAULTS``) live in the launcher module, ``hpccomm_run``,
-which must start without importing this package (and torch).
+(``library_defaults``) live in the launcher module, ``hpccomm_run``, which
+must start without importing this package (and torch).
 """
 
 from __future__ import annotations
@@ -66,39 +66,47 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
 class Config:
     """Settings that shape hpccomm's behaviour.
 
+    Each entry below names its environment variable first: the documentation's
+    configuration table is generated from these entries and the defaults
+    :func:`_read` gives (``docs/hooks/config_table.py``).
+
     Attributes:
-        debug: ``HPCCOMM_DEBUG=1`` (or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``):
-            before each collective, check across ranks that every rank called
-            the same op with matching dtype, sizes and root.
-        progress_thread: ``HPCCOMM_PROGRESS_THREAD=0`` disables the
+        debug: ``HPCCOMM_DEBUG``: ``1`` (or ``TORCH_DISTRIBUTED_DEBUG=DETAIL``)
+            checks across ranks, before each collective, that op, sequence
+            number, dtype, element counts, reduce op and root agree; a
+            mismatch raises ``CollectiveMismatchError`` on every rank with a
+            table of each rank's call, and nothing is posted. Costs two small
+            nonblocking all-gathers per collective (about 50-65 us).
+        progress_thread: ``HPCCOMM_PROGRESS_THREAD``: ``0`` disables the
             background thread that drives asynchronous operations; they then
             progress only while some rank thread waits on MPI.
         half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
-            the CPU has, else torch), ``torch``, ``avx2``, ``avx512`` or
-            ``avx512bf16`` (at most that path; for tests and comparisons).
-        shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: per-rank slot of the
+            the CPU has, else torch), or at most ``avx512bf16``, ``avx512``,
+            ``avx2`` or ``torch`` (for tests and comparisons).
+        shm_slot_bytes: ``HPCCOMM_SHM_SLOT_BYTES``: each rank's slot in the
             shared segment the ranks of a group on one node communicate
-            through: four pipeline buffers of a quarter each (default 4 MiB;
-            0 turns shared memory off).
+            through, four pipeline buffers of a quarter each; ``0`` turns
+            shared memory off.
         shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: when set, the smallest
-            collective that goes through shared memory, for every collective
-            (unset: each collective's own measured threshold, see
-            :mod:`hpccomm.transports.selector`).
-        shm_stream_min_bytes: ``HPCCOMM_SHM_STREAM_MIN_BYTES``: results of
-            at least this many bytes per rank (an all-gather's output, an
-            all-reduce's or broadcast's tensor) are written into the
-            caller's tensors with non-temporal stores (x86-64), bypassing
-            the cache (unset: the rank's share of the last-level cache, its
-            size divided by the group's ranks that share one).
-        algo: ``HPCCOMM_ALGO``: ``auto`` (the selector picks flat MPI,
-            shared memory or hierarchical per call), ``flat`` (MPI's own
-            collectives on the whole group, always) or ``hier`` (shared memory
-            and the hierarchy wherever they apply, at every size).
+            collective that goes through shared memory, for every collective;
+            unset, each collective's own measured threshold
+            (``hpccomm/transports/selector.py``).
+        shm_stream_min_bytes: ``HPCCOMM_SHM_STREAM_MIN_BYTES``: results of at
+            least this many bytes per rank (an all-gather's output, an
+            all-reduce's or broadcast's tensor) are written into the caller's
+            tensors with non-temporal stores (x86-64), bypassing the cache;
+            unset, the rank's share of the last-level cache (its size divided
+            by the group's ranks that share one); ``0`` streams every result.
+        algo: ``HPCCOMM_ALGO``: ``auto`` (the selector picks flat MPI, shared
+            memory or hierarchical per call, by size), ``flat`` (MPI's own
+            collectives on the whole group, always; no shared-memory segment
+            is made) or ``hier`` (shared memory and the hierarchy wherever
+            they apply, at every size).
         transports: ``HPCCOMM_TRANSPORT``: which transport serves each
-            device, as (device, transport) pairs: ``auto`` (CPU: MPI; CUDA:
-            UCC where it is built), ``mpi`` or ``ucc``, for every device
-            (``ucc``) or per device (``cpu:mpi,cuda:ucc``).
+            device: ``auto`` (CPU: MPI; CUDA: UCC where it is built), ``mpi``
+            or ``ucc`` for every device, or per device (``cpu:mpi,cuda:ucc``);
+            ``ucc`` needs hpccomm built with UCC.
     """
 
     debug: bool

@@ -4,7 +4,7 @@ Each mend below patches one torch function, only where torch lacks what a
 Python backend needs, and leaves every other backend's behaviour as it was.
 :func:`mend` applies them (idempotent); registration calls it when hpccomm
 takes the Backend shape (:data:`hpccomm.registration.BACKEND_SHAPE`). What
-is not mended is in the README's known limits.
+is not mended is in docs/known-limits.md.
 """
 
 from __future__ import annotations

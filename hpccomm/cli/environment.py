@@ -9,7 +9,6 @@ printed, stored as JSON or extended on its own; :func:`layout` is collective
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import shlex

@@ -37,7 +37,7 @@ STREAMED = -1
 
 #: One node: the smallest message that goes through shared memory, per
 #: collective. Measured with benchmarks/topology.py at 2 and 4 ranks (see
-#: README, "Topology-aware collectives"): from there the shared-memory path
+#: docs/topology.md): from there the shared-memory path
 #: took at most the flat path's time. all_gather_into_tensor copies each byte
 #: twice where MPI's all-gather copies it once, and wins only once its output
 #: no longer fits the rank's share of the cache, which is where results are
@@ -55,7 +55,7 @@ NODE_MIN_BYTES: dict[str, int] = {
 }
 
 #: Several nodes: the smallest message that takes the hierarchical path.
-#: Measured with benchmarks/topology.py on two nodes x 2 ranks (see README).
+#: Measured with benchmarks/topology.py on two nodes x 2 ranks (see docs/topology.md).
 HIER_MIN_BYTES: dict[str, int] = {
     "all_reduce": 64 << 10,
     "broadcast": 64 << 10,

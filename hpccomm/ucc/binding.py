@@ -27,7 +27,7 @@ _UCX_LIBRARIES = ("libucm.so.0", "libucs.so.0", "libuct.so.0", "libucp.so.0")
 #: Why UCC is missing from an installation built without it.
 BUILT_WITHOUT_UCC = (
     "hpccomm was built without UCC: set UCC_HOME to a UCC installation (or make `pkg-config ucc` "
-    "find it) and reinstall hpccomm; see the README's UCC section"
+    "find it) and reinstall hpccomm; see docs/ucc-cuda.md"
 )
 
 _binding: Any = None

@@ -20,6 +20,7 @@ def test_info_without_a_launcher():
     proc = info_alone(env={"HPCCOMM_SHM_MIN_BYTES": "12345", "HPCCOMM_NO_SUCH_KNOB": "1"})
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert "\0" not in out, "info printed a NUL byte (grep then calls its output binary)"
     for section in SECTIONS:
         assert section in out, out
     import torch

@@ -63,7 +63,8 @@ def mpi_library() -> dict[str, Any]:
     major, minor = MPI.Get_version()
     provided = ident.thread_level
     return {
-        "library": MPI.Get_library_version().strip().splitlines()[0],
+        # Open MPI 5 ends the text with its C string's NUL, which made `info | grep` see a binary file.
+        "library": MPI.Get_library_version().replace("\0", "").strip().splitlines()[0],
         "standard": f"{major}.{minor}",
         "thread_level": _THREAD_LEVELS[provided] if 0 <= provided < len(_THREAD_LEVELS) else str(provided),
         "thread_level_requested": "multiple",

@@ -10,10 +10,13 @@ departed peers and aborts are handled by :mod:`hpccomm.work` exactly as for
 MPI. A request UCC fails surfaces as a :class:`~hpccomm.ucc.UCCError` from
 ``wait()`` (and the future).
 
-UCC has no point-to-point calls: as in PyTorch's ProcessGroupUCC, a send is a
-broadcast over an "active set" of two ranks rooted at the sender, matched by
-the user's tag (UCC keeps 15 bits of it). A receive from any source has no
-UCC equivalent and is refused.
+UCC has no point-to-point calls. PyTorch's ProcessGroupUCC makes a send a
+broadcast over an "active set" of two ranks, which has no receive from any
+source (and keeps 15 bits of a tag); a receive refused for that left the
+peer's send posted, for a later receive to take. Here point-to-point goes
+through MPI on the group's own communicator (duplicated before UCC's team
+takes the original), so sends and receives match as on the MPI transport:
+any source, any tag, nothing left behind.
 
 Dtype and reduction mapping, and what UCC's CPU code lacks, are in
 :mod:`hpccomm.transports.ucc_types`. Staging, premultiplying and averaging
@@ -45,14 +48,13 @@ import torch
 
 from .. import failure
 from ..progress import DRAIN_TIMEOUT_S
+from ..work import Pending
 from ..ucc import Context, Library, Request, Team
 from ..world import mpi
 from . import Transport, ucc_types
+from .mpi import MPITransport
 from .mpi_types import Reduction
 from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
-
-#: UCC's tag matching keeps 15 bits of a point-to-point tag.
-MAX_TAG = (1 << 15) - 1
 
 _context: Context | None = None
 _open: weakref.WeakSet[UCCTransport] = weakref.WeakSet()
@@ -87,16 +89,18 @@ class UCCPending:
 
 
 class UCCTransport(Transport):
-    """Collectives and point-to-point on one UCC team (host memory).
+    """Collectives on one UCC team (host memory); point-to-point on the group's MPI communicator.
 
     Build it with :meth:`for_group`, on every rank of the group at once.
 
     Args:
         team: the group's team.
+        p2p: point-to-point, on the group's MPI communicator.
     """
 
-    def __init__(self, team: Team) -> None:
+    def __init__(self, team: Team, p2p: MPITransport) -> None:
         self._team = team
+        self._p2p = p2p
         self._size = team.size
         self._rank = team.rank
         binding = team.binding
@@ -124,13 +128,15 @@ class UCCTransport(Transport):
             global_ranks: the world rank of each group rank.
             timeout_s: how long bootstrap waits for the other ranks.
         """
+        p2p = MPITransport(comm.Dup())  # before the team, which frees ``comm``
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
-        return cls(team)
+        return cls(team, p2p)
 
     def close(self, in_flight: bool = False) -> None:
         if self._team is not None:
             self._team.destroy(in_flight)
             self._team = None
+            self._p2p.close(in_flight)
 
     # -- building arguments ------------------------------------------------
 
@@ -360,38 +366,11 @@ class UCCTransport(Transport):
     def barrier(self) -> UCCPending:
         return UCCPending([self._team.post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
 
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> UCCPending:
-        send = tensor.contiguous()
-        return self._pair("send", send, self._rank, peer, tag, ())
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self._p2p.send(tensor, peer, tag)
 
-    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> UCCPending:
-        if peer is None:
-            raise ValueError(
-                "hpccomm recv: UCC has no receive from any source; name the source rank, "
-                "or route host tensors to MPI (HPCCOMM_TRANSPORT=cpu:mpi)"
-            )
-        after: After = []
-        recv = staged(tensor, after, copy_in=False)
-        return self._pair("recv", recv, peer, self._rank, tag, after)
-
-    def _pair(self, op_name: str, tensor: torch.Tensor, root: int, other: int, tag: int, after: After) -> UCCPending:
-        """A point-to-point message: a broadcast from ``root`` over the active set {root, other}."""
-        if not 0 <= tag <= MAX_TAG:
-            raise ValueError(f"hpccomm {op_name}: tag={tag} does not fit UCC's tags (0 to {MAX_TAG})")
-        if root == other:
-            raise ValueError(f"hpccomm {op_name}: UCC cannot send from rank {root} to itself")
-        if not tensor.numel():
-            return UCCPending([], after, op_name)
-        lib = self._lib
-        args = self._args(lib.UCC_COLL_TYPE_BCAST)
-        args.mask |= lib.UCC_COLL_ARGS_FIELD_ACTIVE_SET | lib.UCC_COLL_ARGS_FIELD_TAG
-        args.root = root
-        args.tag = tag
-        args.active_set.start = root
-        args.active_set.stride = other - root
-        args.active_set.size = 2
-        self._info(args.src.info, tensor)
-        return UCCPending([self._team.post(args, tensor)], after, op_name)
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self._p2p.recv(tensor, peer, tag)
 
 
 def _sent(tensor: torch.Tensor, red: ucc_types.UCCReduction) -> torch.Tensor:

@@ -25,7 +25,7 @@ def _flag(name: str, default: bool = False) -> bool:
 
 #: Devices hpccomm routes tensors of, and the transports that may serve them.
 DEVICES = ("cpu", "cuda")
-TRANSPORTS = ("auto", "mpi", "ucc")
+TRANSPORTS = ("auto", "mpi", "ucc", "staged")
 
 
 def _transports(name: str) -> tuple[tuple[str, str], ...]:
@@ -39,6 +39,8 @@ def _transports(name: str) -> tuple[tuple[str, str], ...]:
                 f"hpccomm: {name}={value!r}: {item!r} is not a transport ({', '.join(TRANSPORTS)}) "
                 f"or device:transport (devices {', '.join(DEVICES)}), e.g. cpu:mpi,cuda:ucc"
             )
+        if transport == "staged" and device != "cuda":
+            raise ValueError(f"hpccomm: {name}={value!r}: 'staged' moves CUDA tensors only; write cuda:staged")
         for target in [device] if device else DEVICES:
             routes[target] = transport
     return tuple(routes.items())
@@ -104,9 +106,11 @@ class Config:
             is made) or ``hier`` (shared memory and the hierarchy wherever
             they apply, at every size).
         transports: ``HPCCOMM_TRANSPORT``: which transport serves each
-            device: ``auto`` (CPU: MPI; CUDA: UCC where it is built), ``mpi``
-            or ``ucc`` for every device, or per device (``cpu:mpi,cuda:ucc``);
-            ``ucc`` needs hpccomm built with UCC.
+            device: ``auto`` (CPU: MPI; CUDA, where torch sees a GPU: through
+            host memory), ``mpi`` or ``ucc`` for every device, or per device
+            (``cpu:mpi,cuda:staged``); ``staged`` (CUDA only) copies CUDA
+            tensors to host memory and back around the CPU path; ``ucc``
+            needs hpccomm built with UCC and carries host memory only so far.
     """
 
     debug: bool

@@ -31,6 +31,7 @@ from . import debug, rendezvous, torch_gaps, world
 from .config import settings
 from .front import BACKEND_NAME, Front
 from .monitor import Monitor
+from .topology import group_cuda_device
 from .transports import Transport, selection
 from .transports.topology_aware import cpu_transport
 
@@ -159,6 +160,13 @@ def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> d
     built: dict[str, Transport] = {}
     if "mpi" in routes.values():
         built["mpi"] = cpu_transport(comm, global_ranks)
+    if "staged" in routes.values():
+        # Before UCC, which may free ``comm``. The CPU half gets a communicator of its own: its
+        # posts follow the device operations' order, not that of the group's CPU operations.
+        from .transports.device_ops import cuda_ops
+        from .transports.host_staged import HostStagedTransport
+
+        built["staged"] = HostStagedTransport(cpu_transport(comm.Dup(), global_ranks), cuda_ops(group_cuda_device()))
     if "ucc" in routes.values():
         from .transports.ucc import UCCTransport  # loads UCC: only where it is used
 

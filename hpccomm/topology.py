@@ -228,6 +228,19 @@ def init_device_mesh(device_type: str = "cpu") -> Any:
 _bound_device: int | None = None
 
 
+def group_cuda_device() -> torch.device:
+    """The CUDA device a new group moves tensors on: the current one if the user chose it, else the local rank's.
+
+    A current device other than ``cuda:0``, or one hpccomm bound already, is
+    kept; otherwise :func:`bind_cuda_device` picks ``local_rank % count``.
+    Called before the group's device resources are made.
+    """
+    current = torch.cuda.current_device()
+    if current != 0 or _bound_device is not None:
+        return torch.device("cuda", current)
+    return torch.device("cuda", bind_cuda_device(topology().local_rank))
+
+
 def bind_cuda_device(local_rank: int) -> int:
     """Make the CUDA device for ``local_rank`` current and return its index; logs the choice once.
 

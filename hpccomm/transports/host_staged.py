@@ -1,0 +1,245 @@
+"""Device tensors through host memory: copy out, run the CPU transport, copy back.
+
+The path for CUDA tensors where UCC cannot carry them (not built, or no CUDA in
+it) and for small messages, as Gloo moves CUDA tensors. One operation, in
+order:
+
+1. the caller's stream records an event, the side stream waits on it and
+   copies the op's input tensors into host buffers (pinned), then records
+   ``copied``: the copies never read a tensor before the caller's queued
+   work has written it, and the caller's thread does not block;
+2. once ``copied`` has completed, the CPU transport (shared memory, MPI) is
+   posted on the host buffers. Posts are made in the order the operations were
+   called, whichever thread gets there (:class:`HostStagedTransport` keeps
+   a queue), so every rank posts its collectives in one order;
+3. once the host communication has completed, the side stream copies the
+   results back into the op's output tensors and records ``landed``;
+4. the operation completes when ``landed`` has: the Work's ``wait()`` and
+   future then hand over tensors whose values are in place on any stream.
+
+The device tensors and host buffers stay referenced until then, so the
+caching allocators cannot hand their memory out while a copy still uses it.
+The CPU half has a communicator of its own (the group's, duplicated), so
+its posting order is independent of the group's CPU-tensor operations.
+
+The ordering is the transport's; the device operations come through the
+:class:`~hpccomm.transports.device_ops.DeviceOps` seam, so the logic is
+tested on the CPU (``tests/test_host_staged.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..work import Pending
+from . import Transport
+from .device_ops import DeviceOps
+from .mpi_types import Reduction
+
+#: Posts the host transport's operation on the host stand-ins of (inputs, outputs) it is given.
+HostPost = Callable[[Callable[[torch.Tensor], torch.Tensor]], Pending]
+
+
+class StagedPending:
+    """One operation on its way through host memory (the four steps of the module docstring).
+
+    Args:
+        transport: the transport that posts it, in call order.
+        post: posts the host operation; given the map from a device tensor to its host stand-in.
+        stand_ins: each device tensor the operation touches, with its host buffer.
+        outputs: the device tensors the operation writes.
+        copied: the event after the input copies.
+    """
+
+    def __init__(
+        self,
+        transport: HostStagedTransport,
+        post: HostPost,
+        stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]],
+        outputs: Sequence[torch.Tensor],
+        copied: Any,
+    ) -> None:
+        self._transport = transport
+        self._ops = transport.ops
+        self._post = post
+        self._stand_ins = stand_ins
+        self._outputs = outputs
+        self._copied = copied
+        self._host: Pending | None = None
+        self._landed: Any = None
+        self._error: BaseException | None = None
+
+    # -- called by the transport, under its posting lock ----------------------------
+
+    def inputs_copied(self) -> bool:
+        return self._ops.query(self._copied)
+
+    def post(self) -> None:
+        """Post the host operation; an error is kept for :meth:`finish` (the queue must move on)."""
+        try:
+            self._host = self._post(self._host_of)
+        except Exception as exc:  # e.g. a limit the CPU transport checks when posting
+            self._error = exc
+
+    # -- Pending ----------------------------------------------------------------------
+
+    def test(self) -> bool:
+        if self._landed is not None:
+            return self._ops.query(self._landed)
+        if self._error is not None:
+            return True
+        if self._host is None:
+            self._transport.post_ready()
+            if self._host is None and self._error is None:
+                return False
+            if self._error is not None:
+                return True
+        try:
+            if not self._host.test():
+                return False
+            self._host.finish()  # the host transport's local steps (AVG's division, copy-backs)
+        except Exception as exc:
+            self._error = exc
+            return True
+        self._landed = self._copy_back()
+        return self._ops.query(self._landed)
+
+    def finish(self) -> None:
+        error, self._error = self._error, None
+        self._stand_ins = {}
+        if error is not None:
+            raise error
+
+    @property
+    def source_rank(self) -> int:
+        """The sender's rank, for a receive from any source."""
+        return getattr(self._host, "source_rank", -1)
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _host_of(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._stand_ins[id(tensor)][1]
+
+    def _copy_back(self) -> Any:
+        side = self._ops.side_stream()
+        for tensor in self._outputs:
+            self._ops.copy(tensor, self._host_of(tensor), side)
+        return self._ops.record(side)
+
+
+class HostStagedTransport(Transport):
+    """Device tensors moved by a CPU transport through host buffers.
+
+    Args:
+        host: the CPU transport that communicates the host buffers; its own
+            communicator (posts here follow this transport's order, not the
+            group's CPU operations').
+        ops: the device's stream, event and copy operations.
+    """
+
+    def __init__(self, host: Transport, ops: DeviceOps) -> None:
+        self.host = host
+        self.ops = ops
+        self._unposted: deque[StagedPending] = deque()
+        # Held while posting: the caller's thread and the progress thread both move the queue on.
+        self._posting = threading.Lock()
+
+    def post_ready(self) -> None:
+        """Post, in call order, every queued operation whose inputs have reached host memory."""
+        with self._posting:
+            while self._unposted and self._unposted[0].inputs_copied():
+                self._unposted.popleft().post()
+
+    def _staged(
+        self, op: str, post: HostPost, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
+    ) -> StagedPending:
+        """Queue the input copies and the operation (steps 1 and 2)."""
+        ops = self.ops
+        ops.check_can_stage(op)
+        side = ops.side_stream()
+        ops.wait_event(side, ops.record(ops.current_stream()))
+        stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for tensor in [*inputs, *outputs]:
+            if id(tensor) not in stand_ins:
+                stand_ins[id(tensor)] = (tensor, ops.host_buffer(tensor))
+        for tensor in inputs:
+            ops.copy(stand_ins[id(tensor)][1], tensor, side)
+        pending = StagedPending(self, post, stand_ins, outputs, ops.record(side))
+        with self._posting:
+            self._unposted.append(pending)
+        self.post_ready()
+        return pending
+
+    # -- the operations: which tensors each reads and writes ---------------------------
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._staged("all_reduce", lambda h: self.host.allreduce([h(t) for t in tensors], reduction),
+                            tensors, tensors)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        return self._staged("broadcast", lambda h: self.host.broadcast(h(tensor), root), [tensor], [tensor])
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        return self._staged("reduce", lambda h: self.host.reduce(h(tensor), root, reduction), [tensor], [tensor])
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        return self._staged("all_gather", lambda h: self.host.allgather([h(t) for t in outputs], h(tensor)),
+                            [tensor], outputs)
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        return self._staged("all_gather_into_tensor", lambda h: self.host.allgather_into(h(output), h(tensor)),
+                            [tensor], [output])
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        def post(h: Callable[[torch.Tensor], torch.Tensor]) -> Pending:
+            return self.host.gather(None if outputs is None else [h(t) for t in outputs], h(tensor), root)
+
+        return self._staged("gather", post, [tensor], outputs or [])
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        def post(h: Callable[[torch.Tensor], torch.Tensor]) -> Pending:
+            return self.host.scatter(h(output), None if inputs is None else [h(t) for t in inputs], root)
+
+        return self._staged("scatter", post, inputs or [], [output])
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._staged("reduce_scatter",
+                            lambda h: self.host.reduce_scatter(h(output), [h(t) for t in inputs], reduction),
+                            inputs, [output])
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        return self._staged("reduce_scatter_tensor",
+                            lambda h: self.host.reduce_scatter_from(h(output), h(tensor), reduction),
+                            [tensor], [output])
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        return self._staged("all_to_all",
+                            lambda h: self.host.alltoall([h(t) for t in outputs], [h(t) for t in inputs]),
+                            inputs, outputs)
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        return self._staged(
+            "all_to_all_single",
+            lambda h: self.host.alltoall_single(h(output), h(tensor), output_counts, input_counts),
+            [tensor], [output],
+        )
+
+    def barrier(self) -> Pending:
+        # No tensors, but queued like the rest: it must not overtake an operation called before it.
+        return self._staged("barrier", lambda h: self.host.barrier(), [], [])
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self._staged("send", lambda h: self.host.send(h(tensor), peer, tag), [tensor], [])
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self._staged("recv", lambda h: self.host.recv(h(tensor), peer, tag), [], [tensor])
+
+    def close(self, in_flight: bool = False) -> None:
+        self.host.close(in_flight)

@@ -1,0 +1,127 @@
+"""A device for tests: streams and events simulated on the CPU, for the DeviceOps seam.
+
+``FakeDevice`` implements :class:`hpccomm.transports.device_ops.DeviceOps`
+over CPU tensors that stand for device tensors. Each stream is a queue of
+tasks (copy, record an event, wait for an event, run a function) that runs in
+order whenever the device is asked anything, unless the test holds the stream
+(:meth:`FakeDevice.hold`): that is how a test stands for a slow kernel on the
+caller's stream, or a slow copy, and checks what hpccomm does meanwhile.
+
+The real implementation, :class:`~hpccomm.transports.device_ops.CudaOps`,
+runs on a GPU only (tests/gpu).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class FakeEvent:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = False
+
+    def __repr__(self) -> str:
+        return f"<event {self.name} {'done' if self.done else 'pending'}>"
+
+
+class FakeStream:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tasks: deque[tuple[str, Any]] = deque()
+        self.held = False
+
+
+class FakeDevice:
+    """Streams ``user`` (the caller's) and ``side`` (the transport's), run on demand.
+
+    Args:
+        capturing: pretend a CUDA graph is being captured (staging must refuse).
+    """
+
+    def __init__(self, capturing: bool = False) -> None:
+        self.user = FakeStream("user")
+        self.side = FakeStream("side")
+        self.capturing = capturing
+        #: What ran, in order: ("copy", stream name), ("call", stream name), ...
+        self.trace: list[tuple[str, str]] = []
+        self._lock = threading.RLock()
+        self._events = 0
+
+    # -- test controls ------------------------------------------------------------------
+
+    def hold(self, stream: FakeStream) -> None:
+        """Stop ``stream`` before its next task, as a long kernel would."""
+        stream.held = True
+
+    def release(self, stream: FakeStream) -> None:
+        stream.held = False
+        self.run()
+
+    def launch(self, stream: FakeStream, fn: Callable[[], None]) -> None:
+        """Queue ``fn`` on ``stream`` (a kernel the caller launched)."""
+        self._queue(stream, ("call", fn))
+
+    def run(self) -> None:
+        """Run every stream as far as it can go."""
+        with self._lock:
+            moved = True
+            while moved:
+                moved = False
+                for stream in (self.user, self.side):
+                    while stream.tasks and not stream.held:
+                        kind, arg = stream.tasks[0]
+                        if kind == "wait" and not arg.done:
+                            break
+                        stream.tasks.popleft()
+                        moved = True
+                        if kind == "record":
+                            arg.done = True
+                        elif kind == "copy":
+                            dst, src = arg
+                            dst.copy_(src)
+                        elif kind == "call":
+                            arg()
+                        self.trace.append((kind, stream.name))
+
+    def _queue(self, stream: FakeStream, task: tuple[str, Any]) -> None:
+        with self._lock:
+            stream.tasks.append(task)
+        self.run()
+
+    # -- DeviceOps ------------------------------------------------------------------------
+
+    def current_stream(self) -> FakeStream:
+        return self.user
+
+    def side_stream(self) -> FakeStream:
+        return self.side
+
+    def record(self, stream: FakeStream) -> FakeEvent:
+        with self._lock:
+            self._events += 1
+            event = FakeEvent(f"{stream.name}#{self._events}")
+        self._queue(stream, ("record", event))
+        return event
+
+    def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
+        self._queue(stream, ("wait", event))
+
+    def query(self, event: FakeEvent) -> bool:
+        self.run()
+        return event.done
+
+    def host_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
+        return torch.empty(tensor.shape, dtype=tensor.dtype)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: FakeStream) -> None:
+        self._queue(stream, ("copy", (dst, src)))
+
+    def check_can_stage(self, op: str) -> None:
+        if self.capturing:
+            raise RuntimeError(f"hpccomm {op}: the host-staged CUDA path cannot run inside CUDA graph capture")

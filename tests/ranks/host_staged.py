@@ -1,0 +1,180 @@
+"""Every operation of the host-staged device path, over real MPI, the device simulated (tests/fake_device.py).
+
+The "device" tensors are CPU tensors behind FakeDevice's streams, so the
+copies out and back, the call-order posting and the completion rule run as
+on a GPU, while MPI (the group's, duplicated) moves the host buffers.
+Values are checked on every rank. Usage: host_staged.py [name-filter]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for fake_device
+
+import hpccomm  # noqa: E402, F401
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from fake_device import FakeDevice  # noqa: E402
+from hpccomm import world  # noqa: E402
+from hpccomm.front import front_of  # noqa: E402
+from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
+from hpccomm.transports.mpi import MPITransport  # noqa: E402
+from hpccomm.transports.mpi_types import reduction  # noqa: E402
+from hpccomm.work import HpcWork, Pending, complete_inline  # noqa: E402
+from rankcheck import check, run_all  # noqa: E402
+
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+GROUP = front_of(dist.group.WORLD)
+DEVICE = FakeDevice()
+STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
+_seq = 0
+
+
+def label() -> tuple:
+    global _seq
+    _seq += 1
+    return ("staged", GROUP, _seq, None)
+
+
+def done(pending: Pending) -> None:
+    """Complete a blocking operation, as the front does."""
+    complete_inline(pending, label(), 60.0)
+
+
+def red(op: dist.ReduceOp.RedOpType, dtype: torch.dtype):
+    return reduction("test", dist.ReduceOp(op), dtype)
+
+
+def ranks_sum(base: float) -> float:
+    return sum(base + r for r in range(SIZE))
+
+
+@check
+def all_reduce_sum_avg_max_and_16_bit() -> None:
+    x = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # not contiguous
+    x += RANK
+    done(STAGED.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
+    expected = torch.arange(12, dtype=torch.float32).view(3, 4).t() * SIZE + sum(range(SIZE))
+    assert torch.equal(x, expected), x
+    y = torch.full((5,), float(RANK), dtype=torch.float64)
+    done(STAGED.allreduce([y], red(dist.ReduceOp.AVG, y.dtype)))
+    assert torch.allclose(y, torch.full((5,), (SIZE - 1) / 2, dtype=torch.float64)), y
+    z = torch.tensor([RANK, -RANK], dtype=torch.int32)
+    done(STAGED.allreduce([z], red(dist.ReduceOp.MAX, z.dtype)))
+    assert z.tolist() == [SIZE - 1, 0], z
+    h = torch.ones(7, dtype=torch.bfloat16)
+    done(STAGED.allreduce([h], red(dist.ReduceOp.SUM, h.dtype)))
+    assert h.float().tolist() == [float(SIZE)] * 7, h
+
+
+@check
+def broadcast_and_reduce() -> None:
+    root = 1 % SIZE
+    x = torch.full((6,), float(RANK))
+    done(STAGED.broadcast(x, root))
+    assert x.tolist() == [float(root)] * 6, x
+    y = torch.full((3,), float(RANK + 1))
+    done(STAGED.reduce(y, 0, red(dist.ReduceOp.SUM, y.dtype)))
+    if RANK == 0:
+        assert y.tolist() == [ranks_sum(1.0)] * 3, y
+
+
+@check
+def all_gather_both_forms() -> None:
+    outs = [torch.zeros(2) for _ in range(SIZE)]
+    done(STAGED.allgather(outs, torch.full((2,), float(RANK))))
+    assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(SIZE)], outs
+    flat = torch.zeros(SIZE * 3)
+    done(STAGED.allgather_into(flat, torch.full((3,), float(RANK))))
+    assert flat.tolist() == [float(r) for r in range(SIZE) for _ in range(3)], flat
+
+
+@check
+def gather_and_scatter() -> None:
+    outs = [torch.zeros(2) for _ in range(SIZE)] if RANK == 0 else None
+    done(STAGED.gather(outs, torch.full((2,), float(RANK)), 0))
+    if RANK == 0:
+        assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(SIZE)], outs
+    out = torch.zeros(4)
+    inputs = [torch.full((4,), float(r * 10)) for r in range(SIZE)] if RANK == 0 else None
+    done(STAGED.scatter(out, inputs, 0))
+    assert out.tolist() == [float(RANK * 10)] * 4, out
+
+
+@check
+def reduce_scatter_both_forms() -> None:
+    out = torch.zeros(2)
+    inputs = [torch.full((2,), float(RANK + r)) for r in range(SIZE)]
+    done(STAGED.reduce_scatter(out, inputs, red(dist.ReduceOp.SUM, out.dtype)))
+    assert out.tolist() == [ranks_sum(float(RANK))] * 2, out
+    out = torch.zeros(3)
+    done(STAGED.reduce_scatter_from(out, torch.ones(3 * SIZE), red(dist.ReduceOp.SUM, out.dtype)))
+    assert out.tolist() == [float(SIZE)] * 3, out
+
+
+@check
+def all_to_all_both_forms() -> None:
+    outs = [torch.zeros(2) for _ in range(SIZE)]
+    done(STAGED.alltoall(outs, [torch.full((2,), float(RANK * 100 + r)) for r in range(SIZE)]))
+    assert [o.tolist() for o in outs] == [[float(r * 100 + RANK)] * 2 for r in range(SIZE)], outs
+    sends = [r + 1 for r in range(SIZE)]  # to rank r: r + 1 elements
+    receives = [RANK + 1] * SIZE
+    out = torch.zeros(sum(receives))
+    done(STAGED.alltoall_single(out, torch.full((sum(sends),), float(RANK)), receives, sends))
+    assert out.tolist() == [float(r) for r in range(SIZE) for _ in range(RANK + 1)], out
+
+
+@check
+def barrier_send_recv_and_any_source() -> None:
+    done(STAGED.barrier())
+    right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+    sent = torch.full((4,), float(RANK))
+    got = torch.zeros(4)
+    send = HpcWork(STAGED.send(sent, right, 3), [sent], label(), 60.0)
+    recv = HpcWork(STAGED.recv(got, left, 3), [got], label(), 60.0)
+    recv.wait()
+    send.wait()
+    assert got.tolist() == [float(left)] * 4, got
+    if RANK == 0:
+        anyone = torch.zeros(1)
+        for _ in range(SIZE - 1):
+            work = HpcWork(STAGED.recv(anyone, None, 9), [anyone], label(), 60.0)
+            work.wait()
+            assert anyone.item() == float(work._source_rank()) * 2, (anyone, work._source_rank())
+    else:
+        done(STAGED.send(torch.full((1,), float(RANK * 2)), 0, 9))
+
+
+@check
+def async_works_waited_out_of_order() -> None:
+    tensors = [torch.full((8,), float(RANK + i)) for i in range(4)]
+    works = [HpcWork(STAGED.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0) for t in tensors]
+    for work in reversed(works):
+        work.wait()
+    for i, t in enumerate(tensors):
+        assert t.tolist() == [ranks_sum(float(i))] * 8, (i, t)
+
+
+@check
+def one_ranks_inputs_late_while_the_others_post() -> None:
+    # Rank 0's stream is busy (held) when it calls two collectives; the others' inputs are ready.
+    # Had rank 0 posted them out of order, MPI would pair its second with the others' first.
+    a, b = torch.zeros(3), torch.zeros(5)
+    if RANK == 0:
+        DEVICE.hold(DEVICE.user)
+    DEVICE.launch(DEVICE.user, lambda: (a.fill_(1.0 + RANK), b.fill_(100.0 + RANK)))
+    first = HpcWork(STAGED.allreduce([a], red(dist.ReduceOp.SUM, a.dtype)), [a], label(), 60.0)
+    second = HpcWork(STAGED.allreduce([b], red(dist.ReduceOp.SUM, b.dtype)), [b], label(), 60.0)
+    if RANK == 0:
+        time.sleep(0.3)
+        DEVICE.release(DEVICE.user)
+    second.wait()
+    first.wait()
+    assert a.tolist() == [ranks_sum(1.0)] * 3 and b.tolist() == [ranks_sum(100.0)] * 5, (a, b)
+
+
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

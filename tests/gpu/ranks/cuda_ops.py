@@ -1,0 +1,197 @@
+"""CUDA tensors on hpccomm, on a GPU: values, stream ordering, lifetime, overlap, failures, DDP.
+
+Run by tests/gpu/test_cuda.py (2 ranks; both may share one GPU). Each rank
+uses the device hpccomm picks (``cuda:LOCAL_RANK % count``). Usage:
+cuda_ops.py [name-filter]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ranks"))  # tests/ranks: rankcheck, expected
+
+import hpccomm  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from expected import ALL, combine, inputs, same, torch_op, valid_ops  # noqa: E402
+from rankcheck import check, expect_error, run_all  # noqa: E402
+
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+LOCAL_RANK = hpccomm.topology().local_rank
+DEVICE = torch.device("cuda", torch.cuda.current_device())
+
+
+def on_gpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(DEVICE)
+
+
+@check
+def each_rank_uses_its_local_ranks_device() -> None:
+    assert DEVICE.index == LOCAL_RANK % torch.cuda.device_count(), (DEVICE, LOCAL_RANK)
+
+
+@check
+def all_reduce_every_dtype_and_reduce_op() -> None:
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            values = inputs(dtype, op, SIZE)
+            t = on_gpu(values[RANK])
+            dist.all_reduce(t, op=torch_op(op))
+            same(t.cpu(), combine(op, dtype, values), f"all_reduce {dtype} {op}")
+
+
+@check
+def all_reduce_sizes_from_empty_to_64_mib() -> None:
+    for numel in (0, 1, 1001, 1024, 1 << 18, 1 << 24):
+        t = torch.full((numel,), float(RANK + 1), device=DEVICE)
+        dist.all_reduce(t)
+        assert bool((t == SIZE * (SIZE + 1) / 2).all()), (numel, t[:4])
+
+
+@check
+def every_other_collective_and_point_to_point() -> None:
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        mine = torch.full((5,), RANK + 1, dtype=dtype, device=DEVICE)
+        root = SIZE - 1
+        b = mine.clone()
+        dist.broadcast(b, src=root)
+        assert bool((b == root + 1).all()), b
+        r = mine.clone()
+        dist.reduce(r, dst=0)
+        if RANK == 0:
+            assert bool((r == SIZE * (SIZE + 1) // 2).all()), r
+        outs = [torch.empty_like(mine) for _ in range(SIZE)]
+        dist.all_gather(outs, mine)
+        assert [int(o[0]) for o in outs] == [k + 1 for k in range(SIZE)], outs
+        flat = torch.empty(5 * SIZE, dtype=dtype, device=DEVICE)
+        dist.all_gather_into_tensor(flat, mine)
+        assert flat.view(SIZE, 5)[:, 0].tolist() == [k + 1 for k in range(SIZE)], flat
+        piece = torch.empty(5, dtype=dtype, device=DEVICE)
+        dist.reduce_scatter_tensor(piece, torch.ones(5 * SIZE, dtype=dtype, device=DEVICE))
+        assert bool((piece == SIZE).all()), piece
+        swapped = torch.empty(SIZE, dtype=dtype, device=DEVICE)
+        dist.all_to_all_single(swapped, torch.full((SIZE,), RANK, dtype=dtype, device=DEVICE))
+        assert swapped.tolist() == list(range(SIZE)), swapped
+        gathered = [torch.empty_like(mine) for _ in range(SIZE)] if RANK == 0 else None
+        dist.gather(mine, gathered, dst=0)
+        if RANK == 0:
+            assert [int(g[0]) for g in gathered] == [k + 1 for k in range(SIZE)], gathered
+        got = torch.empty_like(mine)
+        dist.scatter(got, [torch.full((5,), k, dtype=dtype, device=DEVICE) for k in range(SIZE)] if RANK == 0 else None,
+                     src=0)
+        assert bool((got == RANK).all()), got
+        right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
+        incoming = torch.empty_like(mine)
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, right), dist.P2POp(dist.irecv, incoming, left)]):
+            req.wait()
+        assert bool((incoming == left + 1).all()), incoming
+    dist.barrier()
+
+
+@check
+def non_contiguous_tensors() -> None:
+    base = torch.arange(12, dtype=torch.float32, device=DEVICE).view(3, 4) + RANK
+    t = base.t()
+    dist.all_reduce(t)
+    expected = sum(torch.arange(12, dtype=torch.float32).view(3, 4) + k for k in range(SIZE)).t()
+    assert torch.equal(t.cpu(), expected), t
+
+
+@check
+def a_producer_on_a_side_stream_and_a_consumer_after_wait_no_host_sync() -> None:
+    # 1,000 loops: a slow kernel then a fill on a side stream, the collective on the current stream
+    # (which waits for the side stream), a consumer right after. The host never synchronises until the end.
+    side = torch.cuda.Stream(device=DEVICE)
+    x = torch.zeros(1 << 10, device=DEVICE)
+    results = torch.empty(1000, device=DEVICE)
+    for i in range(1000):
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000)  # cycles: the fill lands late unless the collective waits for it
+            x.fill_(float(RANK + i))
+        torch.cuda.current_stream().wait_stream(side)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        results[i] = x[0] * 1  # the consumer, queued on the current stream
+    expected = torch.tensor([float(sum(k + i for k in range(SIZE))) for i in range(1000)])
+    assert torch.equal(results.cpu(), expected), (results[:4], expected[:4])
+
+
+@check
+def tensors_dropped_after_an_async_call_still_get_right_results() -> None:
+    works = []
+    for i in range(50):
+        t = torch.full((1 << 16,), float(RANK + i), device=DEVICE)
+        works.append(dist.all_reduce(t, async_op=True).get_future())
+        del t  # the caller's last reference
+        torch.full((1 << 16,), -1.0, device=DEVICE)  # allocate and scribble where it was
+    for i, future in enumerate(works):
+        value = future.wait()[0]
+        assert bool((value == sum(k + i for k in range(SIZE))).all()), (i, value[:4])
+
+
+@check
+def the_compute_stream_runs_while_the_collective_does() -> None:
+    t = torch.ones(1 << 20, device=DEVICE)
+    work = dist.all_reduce(t, async_op=True)
+    torch.cuda._sleep(500_000_000)  # long: far beyond the collective
+    work.wait()
+    assert not torch.cuda.current_stream().query(), "the host waited for the compute stream"
+    torch.cuda.synchronize()
+    assert bool((t == SIZE).all())
+
+
+@check
+def graph_capture_is_refused_with_a_clear_error() -> None:
+    t = torch.ones(4, device=DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device=DEVICE)
+    with torch.cuda.stream(stream):
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                expect_error(RuntimeError, "graph capture", lambda: dist.all_reduce(t))
+        except RuntimeError as exc:  # the capture itself may end in error once the op refused
+            assert "graph capture" in str(exc) or "capture" in str(exc), exc
+    dist.barrier()
+
+
+@check
+def a_missing_peer_times_out() -> None:
+    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=3))
+    if RANK == 0:
+        expect_error(RuntimeError, "Timed out", lambda: dist.all_reduce(torch.ones(4, device=DEVICE), group=group))
+    dist.barrier()
+
+
+@check
+def ddp_on_cuda_matches_single_process_training() -> None:
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(DEVICE)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(DEVICE),
+        device_ids=[DEVICE.index],
+    )
+    model.module.load_state_dict(reference.state_dict())
+    solo = torch.optim.SGD(reference.parameters(), lr=0.05)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        data = torch.randn(8 * SIZE, 16, generator=generator).to(DEVICE)
+        target = torch.randn(8 * SIZE, 1, generator=generator).to(DEVICE)
+        solo.zero_grad()
+        torch.nn.functional.mse_loss(reference(data), target).backward()
+        solo.step()
+        mine = slice(8 * RANK, 8 * (RANK + 1))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(data[mine]), target[mine]).backward()
+        optimizer.step()
+    for a, b in zip(reference.parameters(), model.module.parameters()):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+os.environ.setdefault("RANKCHECK_TRACE", "1")
+run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

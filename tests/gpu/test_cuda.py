@@ -1,0 +1,29 @@
+"""CUDA tensors on a GPU: what tests/gpu/acceptance.sh runs on the GPU machine (skipped without a GPU).
+
+tests/gpu/ranks/cuda_ops.py, on 2 ranks (one GPU may serve both): every
+reduce op and dtype, every other collective and point-to-point call, sizes
+up to 64 MiB, non-contiguous tensors; a producer on a side stream and a
+consumer after ``wait()``, 1,000 loops; tensors dropped right after an async
+call; the compute stream running during a collective; CUDA graph capture
+refused; a missing peer timing out; DDP on CUDA against single-process
+training. The ordering logic itself is tested on the CPU as well
+(tests/test_host_staged.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from launch import assert_all_ranks_ok, run_ranks
+
+GPU_RANKS = Path(__file__).parent / "ranks"
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no GPU here: tests/gpu/acceptance.sh runs these on the GPU machine"
+)
+
+
+def test_cuda_tensors_on_two_ranks():
+    assert_all_ranks_ok(run_ranks(2, str(GPU_RANKS / "cuda_ops.py"), limit_s=900), 2)

@@ -9,7 +9,9 @@ and torch's floor: ``dist.all_reduce`` on a Python backend that does nothing
 (its own shell for the installed torch, as hpccomm's), so whatever torch
 itself costs per call is measured in the same minute. The figure of merit
 is (hpccomm - raw mpi4py) / floor: how many of torch's own per-call costs
-hpccomm adds on top of MPI.
+hpccomm adds on top of MPI. The do-nothing backend's send/recv one-way time
+(``dist.send`` then ``dist.recv``, nothing sent) shows how much of a one-way
+trip is torch's own, in floors.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from hpccomm.work import COMPLETED
 
 
 def nothing_group(rank: int, size: int) -> Any:
-    """A group of a backend whose every all_reduce returns a completed Work at once."""
+    """A group of a backend whose every all_reduce, send and recv returns a completed Work at once."""
     if BACKEND_SHAPE:
         from torch._C._distributed_c10d import Backend as Base
     else:
@@ -36,6 +38,12 @@ def nothing_group(rank: int, size: int) -> Any:
 
     class Nothing(Base):  # type: ignore[misc, valid-type]
         def allreduce(self, tensors: Any, opts: Any = None) -> dist.Work:
+            return COMPLETED
+
+        def send(self, tensors: Any, dst: int, tag: int) -> dist.Work:
+            return COMPLETED
+
+        def recv(self, tensors: Any, src: int, tag: int) -> dist.Work:
             return COMPLETED
 
         def getBackendName(self) -> str:
@@ -84,6 +92,7 @@ def main() -> None:
 
     raw_ping = ping_pong(lambda: comm.Send(a, dest=peer), lambda: comm.Recv(b, source=peer))
     hpc_ping = ping_pong(lambda: dist.send(t, dst=peer), lambda: dist.recv(out, src=peer))
+    floor_ping = ping_pong(lambda: dist.send(t, dst=peer, group=nothing), lambda: dist.recv(out, src=peer, group=nothing))
 
     cases = {
         "raw all_reduce": (lambda: comm.Allreduce(a, b), 1),
@@ -91,6 +100,7 @@ def main() -> None:
         "floor all_reduce": (lambda: dist.all_reduce(t, group=nothing), 1),
         "raw send/recv one-way": (raw_ping, 2),
         "hpccomm send/recv one-way": (hpc_ping, 2),
+        "floor send/recv one-way": (floor_ping, 2),
     }
     results = {}
     for name, (fn, divisor) in cases.items():
@@ -105,6 +115,8 @@ def main() -> None:
         for op in ("all_reduce", "send/recv one-way"):
             above = results[f"hpccomm {op}"] - results[f"raw {op}"]
             print(f"{op:28s} (hpccomm - raw) / floor = {above / floor:.2f}")
+        # torch's own share of a one-way trip (a send and a receive call), in floors.
+        print(f"{'send/recv one-way':28s} floor send/recv / floor = {results['floor send/recv one-way'] / floor:.2f}")
     comm.Free()
     dist.destroy_process_group()
 

@@ -50,44 +50,13 @@ from .progress import DRAIN_TIMEOUT_S, engine
 from .sparse import SparseAllreduce
 from .tracing import untraced
 from .transports import Transport
-from .transports.mpi_types import Reduction, reduction
+from .transports.mpi_types import cached_reduction, op_kind
 from .work import AllPending, HpcWork, Pending, WorkList, complete_inline
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
 #: Posts an operation whose arguments were already checked: (pending, outputs).
 Poster = Callable[[], tuple[Pending, list[torch.Tensor]]]
-
-
-_PREMUL_SUM = int(RedOpType.PREMUL_SUM.value)
-
-
-def _kind_by_hash_is_exact() -> bool:
-    for kind in RedOpType.__members__.values():
-        if kind != RedOpType.PREMUL_SUM and hash(dist.ReduceOp(kind)) != kind.value:
-            return False
-    return hash(dist._make_nccl_premul_sum(2.0)) == _PREMUL_SUM
-
-
-# A ReduceOp hashes to its kind's int value; reading it that way costs a third
-# of `reduce_op.op.value`, and pybind enum comparisons cost more than the rest
-# of a small all_reduce. Checked once, in case a torch release changes it.
-_op_kind = hash if _kind_by_hash_is_exact() else (lambda reduce_op: reduce_op.op.value)
-
-
-_plain_reductions: dict[tuple[int, torch.dtype], Reduction] = {}
-
-
-def _reduction_for(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
-    kind = _op_kind(reduce_op)
-    found = _plain_reductions.get((kind, dtype))
-    if found is not None:
-        return found
-    if kind == _PREMUL_SUM:
-        return reduction(op, reduce_op, dtype)  # carries a per-call factor
-    found = reduction(op, reduce_op, dtype)  # raises for pairs that make no sense
-    _plain_reductions[(kind, dtype)] = found
-    return found
 
 
 @untraced
@@ -226,14 +195,14 @@ class Front:
                 return self._allreduce_sparse(tensors[0], opts)
             raise
         transport = self._route("all_reduce", tensor)
-        red = _reduction_for("all_reduce", opts.reduceOp, tensor.dtype)
+        red = cached_reduction("all_reduce", opts.reduceOp, tensor.dtype)
         if self._debug is not None:
             self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
     def _allreduce_sparse(self, tensor: torch.Tensor, opts: AllreduceOptions) -> dist.Work:
         op = "all_reduce"
-        if _op_kind(opts.reduceOp) != int(RedOpType.SUM.value):
+        if op_kind(opts.reduceOp) != int(RedOpType.SUM.value):
             raise check.fail(op, f"sparse tensors are summed only (as with Gloo), got {opts.reduceOp.op}")
         check.check_device(op, "tensor", tensor, self._transports)
         transport = self._route(op, tensor)
@@ -247,7 +216,7 @@ class Front:
         if not tensors:
             raise check.fail(op, "tensors is empty")
         transport = self._route(op, tensors[0])
-        red = _reduction_for(op, opts.reduceOp, tensors[0].dtype)
+        red = cached_reduction(op, opts.reduceOp, tensors[0].dtype)
         self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
@@ -264,7 +233,7 @@ class Front:
         tensor = check.check_single("reduce", "tensor", tensors, self._transports)
         root = check.check_rank("reduce", "dst", opts.rootRank, self._size)
         transport = self._route("reduce", tensor)
-        red = _reduction_for("reduce", opts.reduceOp, tensor.dtype)
+        red = cached_reduction("reduce", opts.reduceOp, tensor.dtype)
         self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, reduce_op=opts.reduceOp.op)
         return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp)
 
@@ -403,7 +372,7 @@ class Front:
         check.check_same_dtype(op, "input_list[0]", inputs[0], output, "output")
         check.check_numel(op, "output", output, inputs[self._rank].numel(), f"input_list[{self._rank}]")
         transport = self._route(op, output)
-        red = _reduction_for(op, opts.reduceOp, output.dtype)
+        red = cached_reduction(op, opts.reduceOp, output.dtype)
         self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], reduce_op=opts.reduceOp.op)
         return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
 
@@ -421,7 +390,7 @@ class Front:
         check.check_same_dtype(op, "output", output, tensor, "input")
         check.check_numel(op, "input", tensor, output.numel() * self._size, "world size x output elements")
         transport = self._route(op, tensor)
-        red = _reduction_for(op, reduce_op, tensor.dtype)
+        red = cached_reduction(op, reduce_op, tensor.dtype)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=reduce_op.op)
         return lambda: (transport.reduce_scatter_from(output, tensor, red), [output])
 

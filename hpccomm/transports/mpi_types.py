@@ -148,3 +148,38 @@ def _predefined_op(kind: Any, is_bool: bool) -> Any:
 def _half_op(kind: Any, dtype: torch.dtype) -> Any:
     """A user-defined MPI op reducing raw 16-bit words as ``dtype``."""
     return half_reduce.mpi_op(kind, dtype)
+
+
+_PREMUL_SUM = int(RedOpType.PREMUL_SUM.value)
+
+
+def _kind_by_hash_is_exact() -> bool:
+    for kind in RedOpType.__members__.values():
+        if kind != RedOpType.PREMUL_SUM and hash(dist.ReduceOp(kind)) != kind.value:
+            return False
+    return hash(dist._make_nccl_premul_sum(2.0)) == _PREMUL_SUM
+
+
+# A ReduceOp hashes to its kind's int value; reading it that way costs a third
+# of `reduce_op.op.value`, and pybind enum comparisons cost more than the rest
+# of a small all_reduce. Checked once, in case a torch release changes it.
+op_kind = hash if _kind_by_hash_is_exact() else (lambda reduce_op: reduce_op.op.value)
+
+
+_plain_reductions: dict[tuple[int, torch.dtype], Reduction] = {}
+
+
+def cached_reduction(op: str, reduce_op: dist.ReduceOp, dtype: torch.dtype) -> Reduction:
+    """:func:`reduction`, made once per (kind, dtype): the all-reduce hot path looks it up instead.
+
+    PREMUL_SUM, whose factor changes per call, is made each time.
+    """
+    kind = op_kind(reduce_op)
+    found = _plain_reductions.get((kind, dtype))
+    if found is not None:
+        return found
+    if kind == _PREMUL_SUM:
+        return reduction(op, reduce_op, dtype)  # carries a per-call factor
+    found = reduction(op, reduce_op, dtype)  # raises for pairs that make no sense
+    _plain_reductions[(kind, dtype)] = found
+    return found

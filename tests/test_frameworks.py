@@ -12,7 +12,7 @@ from launch import assert_all_ranks_ok, run_ranks
 
 def needs(package: str):
     return pytest.mark.skipif(
-        importlib.util.find_spec(package) is None, reason=f"{package} is not installed (pip install '.[test]')"
+        importlib.util.find_spec(package) is None, reason=f"{package} is not installed (pip install torch==2.15.0 '.[test]')"
     )
 
 

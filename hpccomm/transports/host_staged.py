@@ -91,14 +91,12 @@ class StagedPending:
     def test(self) -> bool:
         if self._landed is not None:
             return self._ops.query(self._landed)
+        if self._host is None and self._error is None:
+            self._transport.post_ready()  # may post this one, or fail its post
         if self._error is not None:
             return True
         if self._host is None:
-            self._transport.post_ready()
-            if self._host is None and self._error is None:
-                return False
-            if self._error is not None:
-                return True
+            return False
         try:
             if not self._host.test():
                 return False

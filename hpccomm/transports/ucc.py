@@ -48,8 +48,8 @@ import torch
 
 from .. import failure
 from ..progress import DRAIN_TIMEOUT_S
-from ..work import Pending
 from ..ucc import Context, Library, Request, Team
+from ..work import Pending
 from ..world import mpi
 from . import Transport, ucc_types
 from .mpi import MPITransport

@@ -156,13 +156,29 @@ def transports() -> dict[str, Any]:
 
 
 def cuda() -> dict[str, Any]:
-    """Whether torch sees CUDA devices."""
+    """Whether torch sees CUDA devices, and the transport hpccomm routes CUDA tensors to."""
     if torch.version.cuda is None:
-        return {"available": False, "detail": "torch built without CUDA", "devices": []}
+        return {"available": False, "detail": "torch built without CUDA", "devices": [], "route": None}
     if not torch.cuda.is_available():
-        return {"available": False, "detail": f"CUDA {torch.version.cuda} build, no device visible", "devices": []}
+        return {"available": False, "detail": f"CUDA {torch.version.cuda} build, no device visible", "devices": [],
+                "route": None}
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return {"available": True, "detail": f"CUDA {torch.version.cuda}", "devices": names}
+    return {"available": True, "detail": f"CUDA {torch.version.cuda}", "devices": names, "route": _cuda_route()}
+
+
+#: What each transport does with CUDA tensors, for ``info``.
+_CUDA_ROUTES = {"staged": "staged (through pinned host memory and the CPU transport)"}
+
+
+def _cuda_route() -> str:
+    """The transport serving CUDA tensors in this process, or why none does."""
+    from ..transports import selection
+
+    try:
+        name = selection.routes().get("cuda")
+    except RuntimeError as exc:  # HPCCOMM_TRANSPORT names a transport this installation lacks
+        return f"none: {exc}"
+    return _CUDA_ROUTES.get(name, name) if name else "none (HPCCOMM_TRANSPORT routes it nowhere)"
 
 
 #: Config fields whose variable is not HPCCOMM_<FIELD>.

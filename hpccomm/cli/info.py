@@ -76,8 +76,10 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
     lines.append(f"{'UCC' + version:25s} {'available' if ucc['available'] else 'absent'}: {ucc['detail']}")
     devices = f": {', '.join(cuda['devices'])}" if cuda["devices"] else ""
     requested = ", ".join(f"{device}: {name}" for device, name in env.transports()["requested"].items())
-    lines.append(f"{'HPCCOMM_TRANSPORT':25s} {requested} (CPU auto: MPI; UCC serves host tensors when asked)")
-    lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}; hpccomm route for CUDA tensors: none yet (UCC's CUDA path is not built)")
+    lines.append(f"{'HPCCOMM_TRANSPORT':25s} {requested} (CPU auto: MPI; UCC serves host tensors when asked; "
+                 "CUDA auto: staged)")
+    route = f"; hpccomm route for CUDA tensors: {cuda['route']}" if cuda["route"] else ""
+    lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}{route}")
     return lines
 
 

@@ -1,0 +1,170 @@
+"""The floor under the host-staged CUDA path: a copy out and back with no communication, per call.
+
+    hpccomm-run -n 1 python benchmarks/cuda_staging_floor.py
+    hpccomm-run -n 2 python benchmarks/cuda_staging_floor.py   # two ranks on one GPU, if it has one
+
+Each rank times, on the device hpccomm gives it, ``--iters`` calls of each of:
+
+* ``staged, ...``: what the staged path does around its communication, with
+  none: an event on the current stream, the side stream waiting on it, a copy
+  into pinned host memory on the side stream, an event polled until done, the
+  copy back, an event; three ways: the side stream entered with ``with
+  torch.cuda.stream`` or with ``torch.cuda.set_stream`` and back, and the
+  landing awaited by the host spinning on its event or by the current stream
+  waiting on it (the host goes on at once, as NCCL's ``wait()`` lets it);
+* ``tensor.cpu()``: torch's own blocking copy out, for scale;
+* ``hpccomm all_reduce``: the real blocking call on the same tensor.
+
+at ``--bytes`` (default 4), and prints, per rank, the median over rounds in
+us. Then rank 0 times, alone, the host-side cost of each ``torch.cuda`` call
+the staged path makes (or could make instead), to show where its floor goes.
+With several ranks on one GPU, compare against one rank: the difference is
+what sharing the GPU costs (its contexts take turns), which no transport
+avoids; with one GPU per rank the single-rank floor is the one that applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import hpccomm  # noqa: F401
+import torch
+import torch.distributed as dist
+
+
+def spin(event: torch.cuda.Event) -> None:
+    while not event.query():
+        pass
+
+
+def staged_round_trip(tensor: torch.Tensor, side: torch.cuda.Stream, switch: str, landing: str) -> Callable[[], None]:
+    """One staged round trip, its stream switches made with ``switch`` ("context": ``with
+    torch.cuda.stream``; "set_stream": ``torch.cuda.set_stream`` and back), its landing awaited by
+    ``landing`` ("spin": the host polls the event; "join": the current stream waits on it)."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    index = tensor.device.index
+
+    def on_side(copy: Callable[[], None]) -> torch.cuda.Event:
+        if switch == "context":
+            with torch.cuda.stream(side):
+                copy()
+        else:
+            previous = torch.cuda.current_stream(index)
+            torch.cuda.set_stream(side)
+            copy()
+            torch.cuda.set_stream(previous)
+        event = torch.cuda.Event()
+        event.record(side)
+        return event
+
+    def once() -> None:
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(index))
+        side.wait_event(ready)
+        spin(on_side(lambda: host.copy_(tensor, non_blocking=True)))
+        landed = on_side(lambda: tensor.copy_(host, non_blocking=True))
+        if landing == "spin":
+            spin(landed)
+        else:
+            torch.cuda.current_stream(index).wait_event(landed)
+
+    return once
+
+
+def per_call_us(call: Callable[[], None], iters: int, rounds: int) -> float:
+    """The median over ``rounds`` of the mean time per call (us), after one warm-up round."""
+    samples = []
+    for _ in range(rounds + 1):
+        dist.barrier()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        torch.cuda.synchronize()
+        samples.append((time.perf_counter() - start) / iters * 1e6)
+    return statistics.median(samples[1:])
+
+
+def host_costs(tensor: torch.Tensor, side: torch.cuda.Stream, iters: int) -> dict[str, float]:
+    """Median host time (us) of each torch.cuda call on its own, the GPU idle in between."""
+    index = tensor.device.index
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    done = torch.cuda.Event()
+    done.record()
+    torch.cuda.synchronize()
+
+    def switch_with_context() -> None:
+        with torch.cuda.stream(side):
+            pass
+
+    def switch_with_set_stream() -> None:
+        previous = torch.cuda.current_stream(index)
+        torch.cuda.set_stream(side)
+        torch.cuda.set_stream(previous)
+
+    def event_record() -> None:
+        torch.cuda.Event().record(side)
+
+    calls = {
+        "torch.cuda.current_stream(device)": lambda: torch.cuda.current_stream(tensor.device),
+        "torch.cuda.current_stream(index)": lambda: torch.cuda.current_stream(index),
+        "with torch.cuda.stream(side)": switch_with_context,
+        "set_stream(side) and back": switch_with_set_stream,
+        "Event() + record(side)": event_record,
+        "side.wait_event(done)": lambda: side.wait_event(done),
+        "event.query() (completed)": done.query,
+        "is_current_stream_capturing()": torch.cuda.is_current_stream_capturing,
+        "torch.empty(pin_memory=True)": lambda: torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True),
+        "host.copy_(tensor, non_blocking) queued": lambda: host.copy_(tensor, non_blocking=True),
+    }
+    costs = {}
+    for name, call in calls.items():
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(iters):
+                call()
+            samples.append((time.perf_counter() - start) / iters * 1e6)
+            torch.cuda.synchronize()
+        costs[name] = statistics.median(samples)
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=4)
+    parser.add_argument("--iters", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    dist.init_process_group("hpccomm")
+    device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.ones(max(1, args.bytes // 4), device=device)
+    side = torch.cuda.Stream(device=device)
+    cases = {
+        "staged, context switch, spin": staged_round_trip(tensor, side, "context", "spin"),
+        "staged, set_stream, spin": staged_round_trip(tensor, side, "set_stream", "spin"),
+        "staged, set_stream, join": staged_round_trip(tensor, side, "set_stream", "join"),
+        "tensor.cpu()": lambda: tensor.cpu(),
+        "hpccomm all_reduce": lambda: dist.all_reduce(tensor),
+    }
+    mine = [per_call_us(call, args.iters, args.rounds) for call in cases.values()]
+    table = [None] * dist.get_world_size()
+    dist.all_gather_object(table, mine)
+    if dist.get_rank() == 0:
+        print(f"# torch {torch.__version__}, {dist.get_world_size()} rank(s) on {torch.cuda.get_device_name(device)}, "
+              f"{args.bytes} B; median of {args.rounds} rounds of {args.iters} calls, us per call")
+        print("| rank | " + " | ".join(cases) + " |\n" + "|---" * (len(cases) + 1) + "|")
+        for rank, row in enumerate(table):
+            print(f"| {rank} | " + " | ".join(f"{us:.1f}" for us in row) + " |")
+        print("\n| host-side call (rank 0) | us |\n|---|---|")
+        for name, us in host_costs(tensor, side, args.iters).items():
+            print(f"| {name} | {us:.2f} |")
+    dist.barrier()  # the other ranks wait for rank 0's timings before the group goes
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -44,7 +45,13 @@ _SPIN_S = 0.05
 
 
 class Pending(Protocol):
-    """Posted communication plus the local work that follows it."""
+    """Posted communication plus the local work that follows it.
+
+    A Pending may also have ``test_inline()``, which :func:`complete_inline`
+    polls instead of ``test()``: a blocking call may end sooner than its Work
+    would, with what remains queued on the caller's CUDA stream (the staged
+    path's copy back, :mod:`hpccomm.transports.host_staged`).
+    """
 
     def test(self) -> bool:
         """Make progress; return True once all communication has completed."""
@@ -81,14 +88,13 @@ class CommTimeoutError(dist.DistBackendError):
 Label = tuple  # (op name, group, sequence number, peer world ranks or None for the whole group)
 
 
-def drive(pending: Pending, deadline: float, label: Label) -> bool:
-    """Poll ``pending`` until its communication completes (True) or ``deadline`` passes.
+def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
+    """Poll ``test`` (a Pending's) until the communication completes (True) or ``deadline`` passes.
 
     Raises:
         PeerExitedError: a rank the operation needs has left the job.
         GroupClosedError: the group was aborted or shut down meanwhile.
     """
-    test = pending.test
     polls = 0
     spin_until = time.monotonic() + _SPIN_S
     yielding = False
@@ -148,9 +154,9 @@ def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "Comple
         CommTimeoutError: it did not complete within ``timeout_s``.
         PeerExitedError: a rank it needs has left the job.
     """
-    test = pending.test
+    test = getattr(pending, "test_inline", pending.test)
     # Most small operations complete within two polls: skip the clock read then.
-    if not test() and not test() and not drive(pending, time.monotonic() + timeout_s, label):
+    if not test() and not test() and not drive(test, time.monotonic() + timeout_s, label):
         raise timeout_error(label, timeout_s)
     pending.finish()
     return COMPLETED
@@ -343,7 +349,7 @@ class HpcWork(dist.Work):
     def _drive_until(self, limit: float, waited: float) -> None:
         """Drive the work (claimed) until it ends or ``limit``; past the group deadline it fails."""
         try:
-            finished = drive(self._pending, limit, self._label)
+            finished = drive(self._pending.test, limit, self._label)
         except (failure.PeerExitedError, GroupClosedError) as exc:
             self._complete(exc)
             raise

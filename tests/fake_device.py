@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -119,8 +119,9 @@ class FakeDevice:
     def host_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.empty(tensor.shape, dtype=tensor.dtype)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor, stream: FakeStream) -> None:
-        self._queue(stream, ("copy", (dst, src)))
+    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: FakeStream) -> None:
+        for dst, src in pairs:
+            self._queue(stream, ("copy", (dst, src)))
 
     def check_can_stage(self, op: str) -> None:
         if self.capturing:

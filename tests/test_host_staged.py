@@ -125,6 +125,20 @@ def test_the_work_completes_only_once_the_results_have_landed():
     assert x.tolist() == [2.0] * 3
 
 
+def test_a_blocking_call_ends_once_its_copy_back_is_queued_on_the_callers_stream():
+    transport, device, host = staged()
+    x = torch.ones(3)
+    pending = transport.allreduce([x], SUM)
+    device.hold(device.user)  # the caller's stream is busy: the copy back must queue behind its work
+    host.gates[0].open = True
+    complete_inline(pending, ("all_reduce", Group(), 1, None), 5.0)
+    assert x.tolist() == [1.0] * 3, "the copy back ran before the caller's queued work"
+    assert device.user.tasks, "nothing was queued on the caller's stream"
+    device.release(device.user)
+    assert x.tolist() == [2.0] * 3
+    assert device.trace[-1] == ("copy", "user"), device.trace
+
+
 def test_posts_follow_call_order_whichever_work_is_tested_first():
     transport, device, host = staged()
     a, b = torch.full((2,), 1.0), torch.full((2,), 5.0)

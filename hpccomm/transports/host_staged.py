@@ -17,6 +17,11 @@ order:
 4. the operation completes when ``landed`` has: the Work's ``wait()`` and
    future then hand over tensors whose values are in place on any stream.
 
+A blocking call (``async_op=False``) ends sooner, at step 3: its copy back is
+queued on the caller's own stream, which then runs the caller's next work
+after it, as after NCCL's blocking calls, while the host goes on at once
+(:meth:`StagedPending.test_inline`).
+
 The device tensors and host buffers stay referenced until then, so the
 caching allocators cannot hand their memory out while a copy still uses it.
 The CPU half has a communicator of its own (the group's, duplicated), so
@@ -91,21 +96,28 @@ class StagedPending:
     def test(self) -> bool:
         if self._landed is not None:
             return self._ops.query(self._landed)
-        if self._host is None and self._error is None:
-            self._transport.post_ready()  # may post this one, or fail its post
+        if not self._host_ended():
+            return False
         if self._error is not None:
             return True
-        if self._host is None:
-            return False
-        try:
-            if not self._host.test():
-                return False
-            self._host.finish()  # the host transport's local steps (AVG's division, copy-backs)
-        except Exception as exc:
-            self._error = exc
-            return True
-        self._landed = self._copy_back()
+        side = self._ops.side_stream()
+        self._queue_copy_back(side)
+        self._landed = self._ops.record(side)
         return self._ops.query(self._landed)
+
+    def test_inline(self) -> bool:
+        """:meth:`test` for a blocking call, on the caller's thread: done once the copy back is queued.
+
+        The copy back goes on the caller's current stream, so whatever the
+        caller queues next runs after it, as after NCCL's blocking calls; the
+        host does not wait for it. The pinned buffers may go then: torch's
+        host allocator keeps a block until the copies queued on it are done.
+        """
+        if not self._host_ended():
+            return False
+        if self._error is None:
+            self._queue_copy_back(self._ops.current_stream())
+        return True
 
     def finish(self) -> None:
         error, self._error = self._error, None
@@ -123,11 +135,24 @@ class StagedPending:
     def _host_of(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._stand_ins[id(tensor)][1]
 
-    def _copy_back(self) -> Any:
-        side = self._ops.side_stream()
-        for tensor in self._outputs:
-            self._ops.copy(tensor, self._host_of(tensor), side)
-        return self._ops.record(side)
+    def _host_ended(self) -> bool:
+        """Post if still unposted, then test the host operation; True once it has completed or failed."""
+        if self._host is None and self._error is None:
+            self._transport.post_ready()  # may post this one, or fail its post
+        if self._error is not None:
+            return True
+        if self._host is None:
+            return False
+        try:
+            if not self._host.test():
+                return False
+            self._host.finish()  # the host transport's local steps (AVG's division, copy-backs)
+        except Exception as exc:
+            self._error = exc
+        return True
+
+    def _queue_copy_back(self, stream: Any) -> None:
+        self._ops.copy([(tensor, self._host_of(tensor)) for tensor in self._outputs], stream)
 
 
 class HostStagedTransport(Transport):
@@ -165,8 +190,7 @@ class HostStagedTransport(Transport):
         for tensor in [*inputs, *outputs]:
             if id(tensor) not in stand_ins:
                 stand_ins[id(tensor)] = (tensor, ops.host_buffer(tensor))
-        for tensor in inputs:
-            ops.copy(stand_ins[id(tensor)][1], tensor, side)
+        ops.copy([(stand_ins[id(tensor)][1], tensor) for tensor in inputs], side)
         pending = StagedPending(self, post, stand_ins, outputs, ops.record(side))
         with self._posting:
             self._unposted.append(pending)

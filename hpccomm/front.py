@@ -315,35 +315,11 @@ class Front:
         op = "gather"
         tensor = check.check_single(op, "tensor", input_tensors, self._transports)
         root = check.check_rank(op, "dst", opts.rootRank, self._size)
-        outputs = self._root_list(op, "gather_list", output_tensors, root, tensor, "destination")
+        outputs = check.check_root_list(op, "gather_list", output_tensors, tensor, self._rank, root, self._size,
+                                        "destination", self._transports)
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), root=root)
         return self._launch(op, transport.gather(outputs, tensor, root), outputs or [], opts.asyncOp)
-
-    def _root_list(
-        self, op: str, arg: str, nested: list[list[torch.Tensor]], root: int, tensor: torch.Tensor, role: str
-    ) -> list[torch.Tensor] | None:
-        """The per-rank list only the root passes (``gather_list``, ``scatter_list``), checked; None elsewhere.
-
-        Args:
-            op: the operation, for messages.
-            arg: the list's argument name.
-            nested: torch's one-element list around it (empty, or holding an empty list, off the root).
-            root: the root's group rank.
-            tensor: this rank's own tensor, which each entry must match.
-            role: what the root is called in messages ("destination", "source").
-        """
-        if self._rank != root:
-            if nested and nested[0]:
-                raise check.fail(op, f"{arg} must only be given on the {role} rank")
-            return None
-        if len(nested) != 1:
-            raise check.fail(op, f"{arg} must be given on the {role} rank")
-        items = check.check_tensors(op, arg, nested[0], self._transports)
-        check.check_length(op, arg, items, self._size)
-        check.check_same_dtype(op, f"{arg}[0]", items[0], tensor, "tensor")
-        check.check_numel(op, f"{arg}[{root}]", items[root], tensor.numel(), "the root's tensor")
-        return items
 
     # -- scatters and reduce-scatters ---------------------------------------
 
@@ -354,7 +330,8 @@ class Front:
         op = "scatter"
         output = check.check_single(op, "tensor", output_tensors, self._transports)
         root = check.check_rank(op, "src", opts.rootRank, self._size)
-        inputs = self._root_list(op, "scatter_list", input_tensors, root, output, "source")
+        inputs = check.check_root_list(op, "scatter_list", input_tensors, output, self._rank, root, self._size,
+                                       "source", self._transports)
         transport = self._route(op, output)
         self._precheck(op, dtype=output.dtype, numel=output.numel(), root=root)
         return self._launch(op, transport.scatter(output, inputs, root), [output], opts.asyncOp)

@@ -108,6 +108,43 @@ def check_numel(op: str, arg: str, tensor: torch.Tensor, expected: int, why: str
         raise fail(op, f"{arg} has {tensor.numel()} elements but needs {expected} ({why})")
 
 
+def check_root_list(
+    op: str,
+    arg: str,
+    nested: list[list[torch.Tensor]],
+    tensor: torch.Tensor,
+    rank: int,
+    root: int,
+    size: int,
+    role: str,
+    routes: Collection[str],
+) -> list[torch.Tensor] | None:
+    """The per-rank list only the root passes (``gather_list``, ``scatter_list``), checked; None elsewhere.
+
+    Args:
+        op: the operation, for messages.
+        arg: the list's argument name.
+        nested: torch's one-element list around it (empty, or holding an empty list, off the root).
+        tensor: this rank's own tensor, which each entry must match.
+        rank: this rank in the group.
+        root: the root's group rank.
+        size: the group size.
+        role: what the root is called in messages ("destination", "source").
+        routes: the device types the group can carry.
+    """
+    if rank != root:
+        if nested and nested[0]:
+            raise fail(op, f"{arg} must only be given on the {role} rank")
+        return None
+    if len(nested) != 1:
+        raise fail(op, f"{arg} must be given on the {role} rank")
+    items = check_tensors(op, arg, nested[0], routes)
+    check_length(op, arg, items, size)
+    check_same_dtype(op, f"{arg}[0]", items[0], tensor, "tensor")
+    check_numel(op, f"{arg}[{root}]", items[root], tensor.numel(), "the root's tensor")
+    return items
+
+
 def split_counts(op: str, arg: str, tensor: torch.Tensor, splits: Sequence[int], size: int) -> list[int]:
     """Element counts per rank for all_to_all_single's split sizes along dim 0.
 

@@ -11,7 +11,9 @@
 # fetched), then writes into $OUT (default ./gpu-out): environment.txt (GPU, torch, MPI, hpccomm's
 # paths and the transport it picks for CUDA), pytest-1.txt and pytest-2.txt (tests/gpu twice: the
 # issue asks for two passes in a row), bench.md (benchmarks/cuda_allreduce.py: hpccomm against Gloo
-# on CUDA tensors, 4 B to 64 MiB). Exit status: that of the test passes.
+# on CUDA tensors, 4 B to 64 MiB), floor.md (benchmarks/cuda_staging_floor.py at 1 and 2 ranks: what
+# staging costs per call on this GPU, and each torch.cuda call's host time). Exit status: that of the
+# test passes. About 2 minutes on an H100 and an H200 (2026-11-26), besides the machine's start.
 #
 # CUDA tensors go through host memory today; when UCC's CUDA path exists, 'prepare' also bundles
 # the UCC source and a libucx-cu13 wheel and 'run' builds UCC with CUDA against it first.
@@ -47,8 +49,9 @@ logging.basicConfig(level=logging.INFO); print(selection.routes())'
     python3 -m pytest -v -p no:cacheprovider tests/gpu >"$out/pytest-$pass.txt" 2>&1 || status=1
   done
   hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py >"$out/bench.md" 2>&1 || true
+  for n in 1 2; do hpccomm-run -n $n python3 benchmarks/cuda_staging_floor.py >>"$out/floor.md" 2>&1 || true; done
   tail -n 3 "$out"/pytest-*.txt
-  cat "$out/bench.md"
+  cat "$out/bench.md" "$out/floor.md"
   exit $status
   ;;
 *)

@@ -68,10 +68,14 @@ class RankRun:
     returncode: int
     output: str
     timed_out: bool
-    #: The launcher outlived its ranks by STUCK_LAUNCHER_S and was killed (returncode is then -9).
-    launcher_stuck: bool = False
-    #: When (time.time()) the last rank was seen ended, if the launcher was stuck; else None.
+    #: When (time.time()) the last rank was seen ended, if the launcher then outlived its ranks by
+    #: STUCK_LAUNCHER_S and was killed (returncode is then -9); else None.
     ranks_ended_at: float | None = None
+
+    @property
+    def launcher_stuck(self) -> bool:
+        """Whether the launcher outlived all of its ranks and was killed."""
+        return self.ranks_ended_at is not None
 
     def lines(self, prefix: str) -> list[str]:
         """Output lines starting with ``prefix``."""
@@ -146,7 +150,7 @@ def run_launcher(
             output = _kill(proc, _descendants(proc.pid))
             note = (f"\nthe launcher was still running {STUCK_LAUNCHER_S:.0f} s after its last rank ended "
                     f"(killed):\n{hung}")
-            return RankRun(proc.returncode, output + note, False, launcher_stuck=True, ranks_ended_at=ended_at)
+            return RankRun(proc.returncode, output + note, False, ranks_ended_at=ended_at)
 
 
 class _RankWatch:

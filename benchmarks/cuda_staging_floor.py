@@ -6,12 +6,13 @@
 Each rank times, on the device hpccomm gives it, ``--iters`` calls of each of:
 
 * ``staged, ...``: what the staged path does around its communication, with
-  none: an event on the current stream, the side stream waiting on it, a copy
-  into pinned host memory on the side stream, an event polled until done, the
-  copy back, an event; three ways: the side stream entered with ``with
-  torch.cuda.stream`` or with ``torch.cuda.set_stream`` and back, and the
-  landing awaited by the host spinning on its event or by the current stream
-  waiting on it (the host goes on at once, as NCCL's ``wait()`` lets it);
+  none, through the same device seam (``CudaOps``): an event on the current
+  stream, the side stream waiting on it, a copy into pinned host memory on the
+  side stream, an event polled until done, the copy back, an event; three
+  ways: the side stream entered with ``torch.cuda.set_stream`` and back (as
+  ``CudaOps`` does) or, as it did before, with ``with torch.cuda.stream``, and
+  the landing awaited by the host spinning on its event or by the current
+  stream waiting on it (the host goes on at once, as a blocking call does);
 * ``tensor.cpu()``: torch's own blocking copy out, for scale;
 * ``hpccomm all_reduce``: the real blocking call on the same tensor.
 
@@ -28,48 +29,45 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from hpccomm.transports.device_ops import CudaOps, DeviceOps
 
 
-def spin(event: torch.cuda.Event) -> None:
-    while not event.query():
+def spin(ops: DeviceOps, event: Any) -> None:
+    while not ops.query(event):
         pass
 
 
-def staged_round_trip(tensor: torch.Tensor, side: torch.cuda.Stream, switch: str, landing: str) -> Callable[[], None]:
-    """One staged round trip, its stream switches made with ``switch`` ("context": ``with
-    torch.cuda.stream``; "set_stream": ``torch.cuda.set_stream`` and back), its landing awaited by
-    ``landing`` ("spin": the host polls the event; "join": the current stream waits on it)."""
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-    index = tensor.device.index
+class ContextSwitchOps(CudaOps):
+    """:class:`CudaOps` as it switched streams before (one ``with torch.cuda.stream`` per copy), for comparison."""
 
-    def on_side(copy: Callable[[], None]) -> torch.cuda.Event:
-        if switch == "context":
-            with torch.cuda.stream(side):
-                copy()
-        else:
-            previous = torch.cuda.current_stream(index)
-            torch.cuda.set_stream(side)
-            copy()
-            torch.cuda.set_stream(previous)
-        event = torch.cuda.Event()
-        event.record(side)
-        return event
+    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: Any) -> None:
+        for dst, src in pairs:
+            with torch.cuda.stream(stream):
+                dst.copy_(src, non_blocking=True)
+
+
+def staged_round_trip(tensor: torch.Tensor, ops: DeviceOps, landing: str) -> Callable[[], None]:
+    """One staged round trip through the device seam ``ops``, its landing awaited by ``landing``
+    ("spin": the host polls the event; "join": the current stream waits on it)."""
+    host = ops.host_buffer(tensor)
 
     def once() -> None:
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(index))
-        side.wait_event(ready)
-        spin(on_side(lambda: host.copy_(tensor, non_blocking=True)))
-        landed = on_side(lambda: tensor.copy_(host, non_blocking=True))
+        side = ops.side_stream()
+        ops.wait_event(side, ops.record(ops.current_stream()))
+        ops.copy([(host, tensor)], side)
+        spin(ops, ops.record(side))
+        ops.copy([(tensor, host)], side)
+        landed = ops.record(side)
         if landing == "spin":
-            spin(landed)
+            spin(ops, landed)
         else:
-            torch.cuda.current_stream(index).wait_event(landed)
+            ops.wait_event(ops.current_stream(), landed)
 
     return once
 
@@ -144,9 +142,9 @@ def main() -> None:
     tensor = torch.ones(max(1, args.bytes // 4), device=device)
     side = torch.cuda.Stream(device=device)
     cases = {
-        "staged, context switch, spin": staged_round_trip(tensor, side, "context", "spin"),
-        "staged, set_stream, spin": staged_round_trip(tensor, side, "set_stream", "spin"),
-        "staged, set_stream, join": staged_round_trip(tensor, side, "set_stream", "join"),
+        "staged, context switch, spin": staged_round_trip(tensor, ContextSwitchOps(device), "spin"),
+        "staged, set_stream, spin": staged_round_trip(tensor, CudaOps(device), "spin"),
+        "staged, set_stream, join": staged_round_trip(tensor, CudaOps(device), "join"),
         "tensor.cpu()": lambda: tensor.cpu(),
         "hpccomm all_reduce": lambda: dist.all_reduce(tensor),
     }

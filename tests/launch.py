@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -70,7 +70,7 @@ class RankRun:
     timed_out: bool
     #: When (time.time()) the last rank was seen ended, if the launcher then outlived its ranks by
     #: STUCK_LAUNCHER_S and was killed (returncode is then -9); else None.
-    ranks_ended_at: float | None = None
+    ranks_ended_at: float | None = field(default=None, kw_only=True)
 
     @property
     def launcher_stuck(self) -> bool:

@@ -79,7 +79,7 @@ def run_on_nodes(
             for holder in holders:
                 holder.kill()
                 holder.wait()
-    return NodesRun(run.returncode, run.output, run.timed_out, leftovers)
+    return NodesRun(run.returncode, run.output, run.timed_out, ranks_ended_at=run.ranks_ended_at, leftovers=leftovers)
 
 
 def _hosts_file(hosts: list[str], state: str) -> str:

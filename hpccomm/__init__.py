@@ -13,7 +13,8 @@ settings chosen for the library mpi4py loads (see :mod:`hpccomm.world`).
 :func:`topology` tells where the ranks of a group run; :func:`init_device_mesh`
 builds the (node, local) mesh for HSDP. The exceptions name what ended an
 operation: a timeout, a departed peer, a closed group, mismatched calls
-(debug mode), a monitored barrier a rank missed. The documentation
+(debug mode), a monitored barrier a rank missed, and, in fault-tolerant mode
+(``hpccomm-run --ft``), ranks that died (:class:`PeerFailure`). The documentation
 (``docs/``) has the feature table, configuration and limits.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from .debug import CollectiveMismatchError
 from .failure import PeerExitedError
+from .fault_tolerance import PeerFailure
 from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
 from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
@@ -34,6 +36,7 @@ __all__ = [
     "Identity",
     "MonitoredBarrierError",
     "PeerExitedError",
+    "PeerFailure",
     "Topology",
     "identity",
     "init_device_mesh",

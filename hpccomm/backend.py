@@ -11,9 +11,11 @@ this shell adds torch's group API:
   by every rank of the group (``dist.split_group``; ``new_group`` when the
   default group has a bound device), with no store round trip;
 * ``options``, ``set_timeout``, ``abort``/``shutdown`` and abort hooks;
+* ``shrink`` (``dist.shrink_group``), in fault-tolerant mode
+  (:mod:`hpccomm.fault_tolerance`);
 * ``supports_*`` flags that say what hpccomm does; the calls it cannot serve
-  (``merge``, ``new_window``, ``reconfigure``, ``shrink``) raise an error
-  naming the method and why.
+  (``merge``, ``new_window``, ``reconfigure``, and ``shrink`` outside
+  fault-tolerant mode) raise an error naming the method and why.
 
 torch's trampoline reads each ``supports_*`` flag as a Python attribute and
 recurses without end where a subclass does not define it: all are defined.
@@ -29,6 +31,7 @@ import torch
 from torch._C._distributed_c10d import Backend
 
 from . import world
+from .fault_tolerance import Recovery
 from .front import BACKEND_NAME, Front
 from .tracing import untraced
 
@@ -47,10 +50,11 @@ class HpccommBackend(Front, Backend):
         front: :class:`~hpccomm.front.Front`'s arguments.
     """
 
-    def __init__(self, *front: Any, comm: Any, make_child: ChildFactory) -> None:
+    def __init__(self, *front: Any, comm: Any, make_child: ChildFactory, recovery: Recovery | None = None) -> None:
         super().__init__(*front)
         self._comm = comm
         self._make_child = make_child
+        self._recovery = recovery
         self._abort_hooks: dict[int, Callable[[], None]] = {}
 
     # -- what torch reads off a backend ---------------------------------------
@@ -76,7 +80,7 @@ class HpccommBackend(Front, Backend):
 
     @property
     def supports_shrinking(self) -> bool:
-        return False
+        return self._recovery is not None  # fault-tolerant mode
 
     @property
     def supports_reconfigure(self) -> bool:
@@ -161,8 +165,29 @@ class HpccommBackend(Front, Backend):
     def get_reconfigure_handle(self) -> str:
         raise RuntimeError("hpccomm get_reconfigure_handle: not offered (supports_reconfigure is False)")
 
-    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0, opts_override: Any = None) -> None:
-        raise RuntimeError("hpccomm shrink: not offered; a rank's failure ends the job (supports_shrinking is False)")
+    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0, opts_override: Any = None) -> "HpccommBackend":
+        """The backend of this group without ``ranks_to_exclude`` (``dist.shrink_group``; fault-tolerant mode).
+
+        Called by the survivors only. After a :class:`~hpccomm.fault_tolerance.PeerFailure`
+        the new group runs on the communicator the survivors agreed on; without
+        one, the excluded ranks are alive and simply left out.
+
+        Args:
+            ranks_to_exclude: ranks of this group; must include every failed rank.
+            shrink_flags: torch's ``SHRINK_DEFAULT``/``SHRINK_ABORT`` (the same here:
+                a failed group's operations have already ended).
+            opts_override: the new group's options (its timeout), or None for this group's.
+        """
+        if self._recovery is None:
+            raise RuntimeError(
+                "hpccomm shrink: only in fault-tolerant mode (hpccomm-run --ft, or HPCCOMM_FT=1 under "
+                "mpirun --with-ft ulfm); otherwise a rank's failure ends the job"
+            )
+        excluded = sorted({int(rank) for rank in ranks_to_exclude})
+        comm = self._recovery.survivors(excluded)
+        remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
+        timeout = getattr(opts_override, "_timeout", None) or timedelta(seconds=self._timeout_s)
+        return self._make_child(comm, remaining, timeout)
 
     # -- ending ------------------------------------------------------------------
 

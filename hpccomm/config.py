@@ -111,6 +111,14 @@ class Config:
             (``cpu:mpi,cuda:staged``); ``staged`` (CUDA only) copies CUDA
             tensors to host memory and back around the CPU path; ``ucc``
             needs hpccomm built with UCC and carries host memory only so far.
+        ft: ``HPCCOMM_FT``: ``1`` is fault-tolerant mode (``hpccomm-run
+            --ft`` sets it): a rank's death no longer ends the job; the
+            survivors' operations on groups that contain it raise
+            ``hpccomm.PeerFailure``, whose ``failed_ranks`` they all agree
+            on, and ``dist.shrink_group`` (torch >= 2.14) rebuilds the group
+            without them. Needs MPI's ULFM (Open MPI 5, started with
+            ``--with-ft ulfm``); collectives are flat MPI in this mode
+            (``HPCCOMM_ALGO=flat``, no shared memory) and CPU tensors only.
     """
 
     debug: bool
@@ -121,9 +129,22 @@ class Config:
     shm_stream_min_bytes: int | None
     algo: str
     transports: tuple[tuple[str, str], ...]
+    ft: bool
+
+
+def _algo(ft: bool) -> str:
+    """``HPCCOMM_ALGO``; fault-tolerant mode runs flat collectives only."""
+    algo = _choice("HPCCOMM_ALGO", ("auto", "flat", "hier"))
+    if ft and os.environ.get("HPCCOMM_ALGO", "").strip() and algo != "flat":
+        raise ValueError(
+            f"hpccomm: HPCCOMM_ALGO={algo} with HPCCOMM_FT=1: fault-tolerant mode runs flat MPI collectives "
+            "only (a survivor must not wait on a dead rank in shared memory); unset HPCCOMM_ALGO"
+        )
+    return "flat" if ft else algo
 
 
 def _read() -> Config:
+    ft = _flag("HPCCOMM_FT")
     return Config(
         debug=_flag("HPCCOMM_DEBUG")
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
@@ -132,8 +153,9 @@ def _read() -> Config:
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", None),
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
-        algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
+        algo=_algo(ft),
         transports=_transports("HPCCOMM_TRANSPORT"),
+        ft=ft,
     )
 
 

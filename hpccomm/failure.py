@@ -132,9 +132,16 @@ def _say_goodbye(world_size: int) -> None:
     if MPI.Is_finalized():
         return
     token = bytearray(b"\x01")
-    sends = [_control.Isend((token, MPI.BYTE), peer, _BYE_TAG) for peer in range(world_size) if peer != _rank]
+    sends = []
+    for peer in range(world_size):
+        if peer != _rank:
+            try:
+                sends.append(_control.Isend((token, MPI.BYTE), peer, _BYE_TAG))
+            except MPI.Exception:
+                pass  # fault-tolerant mode: the peer died
     deadline = time.monotonic() + _GOODBYE_WAIT_S
-    while not MPI.Request.Testall(sends) and time.monotonic() < deadline:
+    while sends and time.monotonic() < deadline:
+        sends = [request for request in sends if not _ended(request)]
         time.sleep(0.001)
     for step in _after_goodbye:
         try:
@@ -143,10 +150,21 @@ def _say_goodbye(world_size: int) -> None:
             print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
     with _inbox_lock:
         for request, _buf in _inbox.values():
-            if not request.Test():
+            if not _ended(request):
                 request.Cancel()
-                request.Wait()
+                _ended(request, wait=True)
         _inbox.clear()
+
+
+def _ended(request: Any, wait: bool = False) -> bool:
+    """Whether ``request`` has ended; one that ended in error (a dead peer, in fault-tolerant mode) has."""
+    try:
+        if wait:
+            request.Wait()
+            return True
+        return request.Test()
+    except mpi().Exception:
+        return True
 
 
 def departed(ranks: Iterable[int]) -> list[int]:
@@ -176,10 +194,30 @@ def _collect_goodbyes() -> None:
 
 def _test_inbox() -> None:
     peers = list(_inbox)
-    arrived = mpi().Request.Testsome([_inbox[peer][0] for peer in peers]) or []
+    MPI = mpi()
+    try:
+        arrived = [peers[index] for index in MPI.Request.Testsome([_inbox[peer][0] for peer in peers]) or []]
+    except MPI.Exception:
+        arrived = _test_each()
     now = time.monotonic()
-    for index in arrived:
-        peer = peers[index]
+    for peer in arrived:
         del _inbox[peer]
         _departed.add(peer)
         _first_seen.setdefault(peer, now)
+
+
+def _test_each() -> list[int]:
+    """The peers whose goodbye arrived, testing each receive alone: fault-tolerant mode's path.
+
+    There (ULFM) the receive of a rank that died ends in error; it is dropped, as
+    the rank is reported through its groups' ``PeerFailure`` instead.
+    """
+    MPI = mpi()
+    arrived = []
+    for peer in list(_inbox):
+        try:
+            if _inbox[peer][0].Test():
+                arrived.append(peer)
+        except MPI.Exception:
+            del _inbox[peer]
+    return arrived

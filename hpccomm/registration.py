@@ -108,6 +108,8 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
     if not dist.is_initialized():
         # The default group: a store passed by the user carries its own rank and size.
         rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
+        if settings.ft:
+            _check_fault_tolerance()
         return _build(_world_communicator(fresh=True), list(range(ident.world_size)), opts.timeout)
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
@@ -125,6 +127,20 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
     return _build(comm, ranks, opts.timeout)
 
 
+def _check_fault_tolerance() -> None:
+    """Refuse fault-tolerant mode, before any group exists, where it cannot work."""
+    from .fault_tolerance import check_available
+
+    if not BACKEND_SHAPE:
+        raise RuntimeError(
+            f"hpccomm: HPCCOMM_FT=1 needs torch >= 2.14, whose dist.shrink_group rebuilds a group without "
+            f"its failed ranks; this is torch {torch.__version__}"
+        )
+    if "ucc" in selection.routes().values():
+        raise RuntimeError("hpccomm: HPCCOMM_FT=1 runs on MPI only; unset HPCCOMM_TRANSPORT=ucc")
+    check_available(world.mpi().Get_library_version())
+
+
 def _world_communicator(fresh: bool) -> Any:
     """hpccomm's duplicate of MPI_COMM_WORLD; a new one for each default group."""
     global _world_comm
@@ -139,16 +155,29 @@ def _world_communicator(fresh: bool) -> Any:
 def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta) -> Front:
     """The group on MPI communicator ``comm`` (which it owns), in the shell this torch takes."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    checker = debug.Checker(comm.Dup(), timeout.total_seconds()) if settings.debug else None
-    monitor = Monitor(comm.Dup())
+    checks = comm.Dup() if settings.debug else None
+    checker = debug.Checker(checks, timeout.total_seconds()) if checks is not None else None
+    monitored = comm.Dup()
+    monitor = Monitor(monitored)
     splitter = comm.Dup() if BACKEND_SHAPE else None
     # Last: the UCC transport, when it is handed ``comm``, frees it once its team is created.
     transports = _transports_for(comm, list(global_ranks), timeout)
+    recovery = None
+    if settings.ft:
+        from .fault_tolerance import FaultTolerantTransport, Recovery
+
+        # Every communicator an operation of this group can wait on is revoked at a failure.
+        revocable = [splitter, monitored, *([checks] if checks is not None else [])]
+        revocable += [c for t in {id(t): t for t in transports.values()}.values() for c in t.communicators()]
+        recovery = Recovery(splitter, revocable, lambda: group.describe(), timeout.total_seconds())
+        wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in transports.values()}
+        transports = {device: wrapped[id(t)] for device, t in transports.items()}
     front = (rank, size, transports, timeout, global_ranks, monitor, checker)
     if BACKEND_SHAPE:
         from .backend import HpccommBackend
 
-        return HpccommBackend(*front, comm=splitter, make_child=_build)
+        group = HpccommBackend(*front, comm=splitter, make_child=_build, recovery=recovery)
+        return group
     from .process_group import ProcessGroupHpccomm
 
     return ProcessGroupHpccomm(*front)

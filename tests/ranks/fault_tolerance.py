@@ -1,0 +1,99 @@
+"""Fault-tolerant mode: ranks die, the survivors agree on which, shrink and go on.
+
+Usage: fault_tolerance.py <when> <victims>, under ``hpccomm-run --ft`` (or
+with HPCCOMM_FT=1 and no ULFM, where init must refuse):
+    between: the victims SIGKILL themselves between two all_reduces.
+    mid-async: the victims post an async all_reduce of 64 MiB, then SIGKILL
+        themselves at once, their share unsent; the survivors' matching
+        all_reduce needs them.
+    exit: as between, but the survivors exit once they have caught
+        PeerFailure, without shrinking: the job must still end cleanly.
+<victims>: comma-separated ranks (e.g. "1" or "1,2").
+
+Each survivor checks: its next all_reduce raises hpccomm.PeerFailure within
+3 s, naming exactly the victims; dist.shrink_group makes a default group of
+the survivors, renumbered; collectives on it give right values; DDP rebuilt on
+it trains. Prints "FAILED rank=R took=S" and "OK rank=R" (original rank).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import hpccomm
+import torch
+import torch.distributed as dist
+
+when, victims = sys.argv[1], [int(v) for v in sys.argv[2].split(",")]
+dist.init_process_group("hpccomm")
+RANK, SIZE = dist.get_rank(), dist.get_world_size()
+t = torch.ones(4)
+dist.all_reduce(t)
+assert t.tolist() == [SIZE] * 4, t
+dist.barrier()
+
+if RANK in victims:
+    if when == "mid-async":
+        dist.all_reduce(torch.ones(1 << 24), async_op=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+start = time.monotonic()
+try:
+    if when == "mid-async":
+        dist.all_reduce(torch.ones(1 << 24), async_op=True).wait()
+    else:
+        time.sleep(0.2)  # the victims die first
+        dist.all_reduce(torch.ones(4))
+    print(f"UNEXPECTED rank={RANK}: the all_reduce completed without the dead ranks", flush=True)
+    sys.exit(1)
+except hpccomm.PeerFailure as failure:
+    took = time.monotonic() - start
+    assert failure.failed_ranks == victims, (failure.failed_ranks, victims)
+    assert took < 3.0, f"PeerFailure after {took:.2f} s"
+    print(f"FAILED rank={RANK} took={took:.3f} failed={failure.failed_ranks}", flush=True)
+    failed = failure.failed_ranks
+if when == "exit":
+    print(f"OK rank={RANK} exiting without a shrink", flush=True)
+    sys.exit(0)
+
+# Every later operation of the failed group fails the same way, at once.
+try:
+    dist.broadcast(torch.ones(2), src=0)
+    raise AssertionError("a broadcast on the failed group completed")
+except hpccomm.PeerFailure as again:
+    assert again.failed_ranks == failed, again.failed_ranks
+
+start = time.monotonic()
+dist.shrink_group(failed)
+shrink_s = time.monotonic() - start
+survivors = [r for r in range(SIZE) if r not in victims]
+new_rank, new_size = dist.get_rank(), dist.get_world_size()
+assert new_size == len(survivors) and new_rank == survivors.index(RANK), (new_rank, new_size)
+
+x = torch.full((3,), float(new_rank + 1))
+dist.all_reduce(x)
+assert x.tolist() == [new_size * (new_size + 1) / 2] * 3, x
+b = torch.full((2,), float(new_rank))
+dist.broadcast(b, src=new_size - 1)
+assert b.tolist() == [new_size - 1.0] * 2, b
+gathered = [torch.zeros(1) for _ in range(new_size)]
+dist.all_gather(gathered, torch.tensor([float(RANK)]))
+assert [int(g) for g in gathered] == survivors, gathered
+
+# DDP rebuilt on the survivors' group: one step, parameters equal everywhere afterwards.
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+torch.manual_seed(100 + new_rank)
+loss = model(torch.randn(4, 8)).square().sum()
+loss.backward()
+torch.optim.SGD(model.parameters(), lr=0.1).step()
+weights = model.module.weight.detach().clone()
+everyone = [torch.zeros_like(weights) for _ in range(new_size)]
+dist.all_gather(everyone, weights)
+assert all(torch.equal(w, weights) for w in everyone), "replicas differ after a DDP step on the shrunk group"
+
+print(f"OK rank={RANK} shrink={shrink_s:.3f}", flush=True)
+dist.destroy_process_group()

@@ -1,0 +1,66 @@
+"""Fault-tolerant mode (hpccomm/fault_tolerance.py): the survivors of a rank's death agree, shrink and go on.
+
+Where the MPI under test has ULFM (Open MPI 5) and torch has ``shrink_group``
+(2.14 and later), ranks SIGKILL themselves between two all_reduces and in the
+middle of one, at 3 and 4 ranks, one or two at once, and every survivor must
+get the same PeerFailure within 3 s, shrink, and run collectives and DDP on
+the survivors' group (tests/ranks/fault_tolerance.py); survivors that exit
+instead must end the job cleanly. Elsewhere ``hpccomm-run --ft`` and
+``HPCCOMM_FT=1`` must refuse, naming what is missing: each environment
+asserts what it should do.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import mpi_library
+import pytest
+import torch.distributed as dist
+from launch import HPCCOMM_RUN, run_ranks
+
+
+def ulfm_here() -> bool:
+    """Whether the MPI under test has the fault tolerance hpccomm uses (Open MPI 5's ULFM)."""
+    return mpi_library.family() == "openmpi" and int(mpi_library.release().split(".")[0]) >= 5
+
+
+@pytest.mark.parametrize(
+    "nprocs, when, victims",
+    [(3, "between", "1"), (3, "mid-async", "1"), (4, "between", "1,2"), (4, "mid-async", "2"), (3, "exit", "1")],
+)
+def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims):
+    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
+    if not ulfm_here():
+        assert run.returncode != 0 and "hpccomm-run --ft:" in run.output and "ULFM" in run.output, run.output
+        return
+    if not hasattr(dist, "shrink_group"):
+        assert run.returncode != 0 and "HPCCOMM_FT=1 needs torch >= 2.14" in run.output, run.output[-4000:]
+        return
+    assert not run.timed_out and run.returncode == 0, run.output[-6000:]
+    assert "UNEXPECTED" not in run.output, run.output[-4000:]
+    dead = [int(rank) for rank in victims.split(",")]
+    survivors = {str(rank) for rank in range(nprocs) if rank not in dead}
+    assert set(re.findall(r"FAILED rank=(\d+)", run.output)) == survivors, run.output[-4000:]
+    assert set(re.findall(r"OK rank=(\d+)", run.output)) == survivors, run.output[-4000:]
+
+
+def test_ft_mode_refuses_at_init_where_the_job_cannot_survive_a_death():
+    # HPCCOMM_FT=1 under the plain launcher: Open MPI 5 started without --with-ft ulfm, or an MPI
+    # without ULFM, or a torch without shrink_group; every case names HPCCOMM_FT=1 and what is missing.
+    run = run_ranks(2, "fault_tolerance.py", "between", "1", env={"HPCCOMM_FT": "1"})
+    assert not run.timed_out and run.returncode != 0, run.output[-4000:]
+    assert "HPCCOMM_FT=1" in run.output, run.output[-4000:]
+    assert "FAILED rank=" not in run.output and "OK rank=" not in run.output, run.output[-4000:]
+
+
+def test_hpccomm_run_ft_starts_open_mpi_with_ulfm():
+    proc = subprocess.run([*HPCCOMM_RUN, "--ft", "--dry-run", "-n", "2", sys.executable, "x.py"],
+                          capture_output=True, text=True, timeout=60)
+    if not ulfm_here():
+        assert proc.returncode != 0 and "ULFM" in proc.stderr, proc.stdout + proc.stderr
+        return
+    assert proc.returncode == 0, proc.stderr
+    assert "--with-ft ulfm" in proc.stdout and "export HPCCOMM_FT=1" in proc.stdout, proc.stdout

@@ -35,7 +35,7 @@ import torch.distributed as dist
 from .transports import Transport
 from .transports.mpi_types import Reduction
 from .work import Pending
-from .world import mpi
+from .world import mpi, skip_finalize
 
 #: ULFM's error classes (MPI 4.1 names: MPIX_ERR_PROC_FAILED, _PROC_FAILED_PENDING, _REVOKED in Open MPI 5).
 _FAILURE_CLASSES = (75, 76, 77)
@@ -123,6 +123,7 @@ class Recovery:
         """
         if not is_process_failure(error):
             return error
+        skip_finalize()
         with self._lock:
             if self._failed is None:
                 self._failed = self._agree()

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from .front import Front
 from .work import work_behind
 
@@ -19,6 +21,7 @@ def mend() -> None:
     """Apply every mend below (idempotent)."""
     _ask_hpccomm_works_through_their_holder()
     _check_in_detail_mode_without_torchs_wrapper()
+    _register_shrunk_groups_as_custom()
 
 
 #: The Work methods torch's holder answers for itself: ``is_completed()`` was never True,
@@ -82,3 +85,34 @@ def _check_in_detail_mode_without_torchs_wrapper() -> None:
 
     create_wrapper.hpccomm = True  # type: ignore[attr-defined]
     distributed_c10d._create_process_group_wrapper = create_wrapper
+
+
+def _register_shrunk_groups_as_custom() -> None:
+    """Make ``dist.shrink_group`` register a shrunk hpccomm group as the custom backend it is.
+
+    torch (2.14, 2.15) registers the backend that ``shrink`` returns as Gloo's
+    for CPU groups (NCCL's for CUDA), whatever backend it is. DDP's logger
+    then takes the group for Gloo and casts its backend to ProcessGroupGloo
+    to read Gloo's settings: with hpccomm's backend there, DDP built on a
+    shrunk group crashed the interpreter (segmentation fault, 4 of 7 runs at
+    4 ranks). A shrunk hpccomm group is registered as ``CUSTOM``, as
+    ``init_process_group`` registers hpccomm's groups; other backends' shrunk
+    groups are left as torch makes them.
+    """
+    from torch.distributed import distributed_c10d
+
+    original = getattr(distributed_c10d, "_create_shrunk_process_group", None)
+    if original is None or getattr(original, "hpccomm", False):
+        return
+
+    def create_shrunk(new_backend: Any, *args: Any, **kwargs: Any) -> Any:
+        group = original(new_backend, *args, **kwargs)
+        if isinstance(new_backend, Front):
+            custom = group.BackendType.CUSTOM
+            for device_type in group._device_types:
+                group._register_backend(torch.device(device_type), custom, new_backend)
+            group._set_default_backend(custom)
+        return group
+
+    create_shrunk.hpccomm = True  # type: ignore[attr-defined]
+    distributed_c10d._create_shrunk_process_group = create_shrunk

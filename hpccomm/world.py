@@ -16,6 +16,7 @@ group's layout follows without communicating (:mod:`hpccomm.topology`).
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import sys
@@ -108,17 +109,48 @@ def _start_mpi(mpi4py: Any) -> "_MPI":
     automatic = mpi4py.rc.initialize
     if automatic:
         # Load without MPI_Init, so that the settings below are chosen for the
-        # library actually loaded; mpi4py still finalises at exit.
+        # library actually loaded; mpi4py still finalises at exit (hpccomm
+        # does, in fault-tolerant mode: see _finalize_at_exit).
         mpi4py.rc.initialize = False
         if mpi4py.rc.finalize is None:
-            mpi4py.rc.finalize = True
+            mpi4py.rc.finalize = not _fault_tolerant()
     from mpi4py import MPI
 
     if automatic:
         mpi4py.rc.initialize = True
         hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI))
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        if not mpi4py.rc.finalize:
+            # Registered first, so it runs after every other exit step of hpccomm (atexit is last in, first out).
+            atexit.register(_finalize_at_exit, MPI)
     return MPI
+
+
+def _fault_tolerant() -> bool:
+    from .config import settings
+
+    return settings.ft
+
+
+_finalize_skipped = False
+
+
+def skip_finalize() -> None:
+    """Leave MPI unfinalised at exit: this process met a rank's death (fault-tolerant mode).
+
+    Open MPI 5.0's ``MPI_Finalize`` ends with a fence over every process the
+    job started; after a death it was seen to wait forever for the dead one
+    (about one run in seven where the rank died inside a collective). Under
+    ``mpirun --with-ft ulfm`` a process that exits unfinalised is not an error:
+    the job's exit status stays its ranks' own.
+    """
+    global _finalize_skipped
+    _finalize_skipped = True
+
+
+def _finalize_at_exit(MPI: Any) -> None:
+    if not _finalize_skipped and not MPI.Is_finalized():
+        MPI.Finalize()
 
 
 def _load_transports_first() -> None:

@@ -37,6 +37,8 @@ from .tracing import untraced
 
 #: Builds a child group's backend on an MPI communicator: (comm, world ranks of its ranks, timeout).
 ChildFactory = Callable[[Any, Sequence[int], timedelta], "HpccommBackend"]
+#: Builds the survivors' default group on their communicator (fault-tolerant mode).
+WorldFactory = Callable[[Any, timedelta], "HpccommBackend"]
 
 
 @untraced
@@ -47,14 +49,25 @@ class HpccommBackend(Front, Backend):
         comm: an MPI communicator over the group's ranks, kept for ``split``
             (the transports own communicators of their own).
         make_child: builds the backend of a group split from this one.
+        recovery: the group's failure state, in fault-tolerant mode (else None).
+        make_world: for the default group in fault-tolerant mode, builds the
+            survivors' default group when it is shrunk.
         front: :class:`~hpccomm.front.Front`'s arguments.
     """
 
-    def __init__(self, *front: Any, comm: Any, make_child: ChildFactory, recovery: Recovery | None = None) -> None:
+    def __init__(
+        self,
+        *front: Any,
+        comm: Any,
+        make_child: ChildFactory,
+        recovery: Recovery | None = None,
+        make_world: WorldFactory | None = None,
+    ) -> None:
         super().__init__(*front)
         self._comm = comm
         self._make_child = make_child
         self._recovery = recovery
+        self._make_world = make_world
         self._abort_hooks: dict[int, Callable[[], None]] = {}
 
     # -- what torch reads off a backend ---------------------------------------
@@ -185,8 +198,10 @@ class HpccommBackend(Front, Backend):
             )
         excluded = sorted({int(rank) for rank in ranks_to_exclude})
         comm = self._recovery.survivors(excluded)
-        remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
         timeout = getattr(opts_override, "_timeout", None) or timedelta(seconds=self._timeout_s)
+        if self._make_world is not None:
+            return self._make_world(comm, timeout)  # the default group: torch renumbers the world
+        remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
         return self._make_child(comm, remaining, timeout)
 
     # -- ending ------------------------------------------------------------------

@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .world import mpi
+from .world import mpi, mpi_world_ranks
 
 _BYE_TAG = 7
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
@@ -179,7 +179,12 @@ def departed(ranks: Iterable[int]) -> list[int]:
     if not _departed:
         return []
     now = time.monotonic()
-    return sorted(r for r in ranks if r in _departed and now - _first_seen[r] > GRACE_S)
+    ranks = list(ranks)
+    # Goodbyes travel on MPI_COMM_WORLD, whose numbering a shrink of the world changes (fault-tolerant mode).
+    return sorted(
+        rank for rank, mpi_rank in zip(ranks, mpi_world_ranks(ranks))
+        if mpi_rank in _departed and now - _first_seen[mpi_rank] > GRACE_S
+    )
 
 
 def _collect_goodbyes() -> None:

@@ -110,7 +110,7 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
         rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
         if settings.ft:
             _check_fault_tolerance()
-        return _build(_world_communicator(fresh=True), list(range(ident.world_size)), opts.timeout)
+        return _build(_world_communicator(fresh=True), list(range(ident.world_size)), opts.timeout, world_group=True)
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
     MPI = world.mpi()
@@ -152,8 +152,26 @@ def _world_communicator(fresh: bool) -> Any:
     return _world_comm
 
 
-def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta) -> Front:
-    """The group on MPI communicator ``comm`` (which it owns), in the shell this torch takes."""
+def _build_shrunk_world(comm: Any, timeout: timedelta) -> Front:
+    """The survivors' default group, after ``dist.shrink_group`` of the default group (fault-tolerant mode).
+
+    The survivors become hpccomm's world (:func:`hpccomm.world.rebase`),
+    numbered as torch numbers its new default group, so that groups made
+    from then on, ``hpccomm.identity()`` and ``hpccomm.topology()`` follow.
+    """
+    global _world_comm
+    world.rebase(comm)
+    if _world_comm is not None:
+        _world_comm.Free()
+    _world_comm = comm.Dup()
+    return _build(comm, list(range(comm.Get_size())), timeout, world_group=True)
+
+
+def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta, world_group: bool = False) -> Front:
+    """The group on MPI communicator ``comm`` (which it owns), in the shell this torch takes.
+
+    ``world_group``: the default group, whose shrink makes the survivors the world.
+    """
     rank, size = comm.Get_rank(), comm.Get_size()
     checks = comm.Dup() if settings.debug else None
     checker = debug.Checker(checks, timeout.total_seconds()) if checks is not None else None
@@ -176,7 +194,10 @@ def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta) -> Front:
     if BACKEND_SHAPE:
         from .backend import HpccommBackend
 
-        group = HpccommBackend(*front, comm=splitter, make_child=_build, recovery=recovery)
+        group = HpccommBackend(
+            *front, comm=splitter, make_child=_build, recovery=recovery,
+            make_world=_build_shrunk_world if world_group else None,
+        )
         return group
     from .process_group import ProcessGroupHpccomm
 

@@ -8,7 +8,8 @@ sets the library settings that apply to that library and version
 calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``. A program that
 imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
 MPI is the single source of truth for rank, world size, local rank and local
-world size; they are exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+world size (those of ``MPI_COMM_WORLD``, or of the survivors once a
+fault-tolerant job has shrunk its default group: :func:`rebase`); they are exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
 ``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables. The node
 of every world rank (:class:`WorldNodes`) is learnt at the same time, so any
 group's layout follows without communicating (:mod:`hpccomm.topology`).
@@ -22,6 +23,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -189,10 +191,11 @@ def nodes() -> WorldNodes:
     return _nodes
 
 
-def _discover() -> Identity:
+def _discover(comm: Any = None) -> Identity:
+    """This process's identity and the world's node table, learnt over ``comm`` (default ``MPI_COMM_WORLD``)."""
     global _nodes
     MPI = mpi()
-    world = MPI.COMM_WORLD
+    world = MPI.COMM_WORLD if comm is None else comm
     node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
     try:
         local_rank, local_size = node.rank, node.size
@@ -215,6 +218,37 @@ def _discover() -> Identity:
         num_nodes=len(lowest_ranks),
         thread_level=MPI.Query_thread(),
     )
+
+
+#: The ``MPI_COMM_WORLD`` rank of each world rank, once a shrink has renumbered the world; None before.
+_mpi_world_ranks: tuple[int, ...] | None = None
+
+
+def rebase(comm: Any) -> Identity:
+    """Make the processes of ``comm`` the world: the survivors of a shrink of the default group.
+
+    Collective over ``comm``. From then on :func:`identity`, :func:`nodes`
+    and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are those
+    of ``comm``'s ranks, as torch renumbers its default group
+    (fault-tolerant mode, :mod:`hpccomm.fault_tolerance`).
+    """
+    global _identity, _mpi_world_ranks
+    MPI = mpi()
+    identity()
+    with _lock:
+        _identity = _discover(comm)
+        _mpi_world_ranks = tuple(
+            MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), MPI.COMM_WORLD.Get_group())
+        )
+        _export_env(_identity)
+    return _identity
+
+
+def mpi_world_ranks(ranks: Iterable[int]) -> list[int]:
+    """World ranks as ranks of ``MPI_COMM_WORLD`` (the same until a shrink renumbers the world)."""
+    if _mpi_world_ranks is None:
+        return list(ranks)
+    return [_mpi_world_ranks[rank] for rank in ranks]
 
 
 def _export_env(ident: Identity) -> None:

@@ -2,10 +2,12 @@
 
 Where the MPI under test has ULFM (Open MPI 5) and torch has ``shrink_group``
 (2.14 and later), ranks SIGKILL themselves between two all_reduces and in the
-middle of one, at 3 and 4 ranks, one or two at once, and every survivor must
-get the same PeerFailure within 3 s, shrink, and run collectives and DDP on
-the survivors' group (tests/ranks/fault_tolerance.py); survivors that exit
-instead must end the job cleanly. Elsewhere ``hpccomm-run --ft`` and
+middle of one, at 3 and 4 ranks, one or two at once, or one while the
+survivors agree on another, and every survivor must get the same PeerFailure
+within 3 s, shrink, and run collectives, new groups, a DeviceMesh and DDP on
+the survivors' group, with hpccomm's identity and topology renumbered
+(tests/ranks/fault_tolerance.py); survivors that exit instead must end the
+job cleanly. Elsewhere ``hpccomm-run --ft`` and
 ``HPCCOMM_FT=1`` must refuse, naming what is missing: each environment
 asserts what it should do.
 """
@@ -29,7 +31,14 @@ def ulfm_here() -> bool:
 
 @pytest.mark.parametrize(
     "nprocs, when, victims",
-    [(3, "between", "1"), (3, "mid-async", "1"), (4, "between", "1,2"), (4, "mid-async", "2"), (3, "exit", "1")],
+    [
+        (3, "between", "1"),
+        (3, "mid-async", "1"),
+        (4, "between", "1,2"),
+        (4, "mid-async", "2"),
+        (4, "during-agreement", "1,2"),
+        (3, "exit", "1"),
+    ],
 )
 def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims):
     run = run_ranks(nprocs, "fault_tolerance.py", when, victims, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)

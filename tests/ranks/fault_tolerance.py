@@ -8,6 +8,9 @@ with HPCCOMM_FT=1 and no ULFM, where init must refuse):
         all_reduce needs them.
     exit: as between, but the survivors exit once they have caught
         PeerFailure, without shrinking: the job must still end cleanly.
+    during-agreement: the first victim dies between two all_reduces; the
+        second never calls the all_reduce and dies while the others are
+        agreeing on the failure: they must agree on both.
 <victims>: comma-separated ranks (e.g. "1" or "1,2").
 
 Each survivor checks: its next all_reduce raises hpccomm.PeerFailure within
@@ -38,6 +41,8 @@ dist.barrier()
 if RANK in victims:
     if when == "mid-async":
         dist.all_reduce(torch.ones(1 << 24), async_op=True)
+    if when == "during-agreement" and RANK == victims[1]:
+        time.sleep(0.5)  # the others are past their failed all_reduce, inside the agreement
     os.kill(os.getpid(), signal.SIGKILL)
 
 start = time.monotonic()
@@ -76,6 +81,20 @@ assert new_size == len(survivors) and new_rank == survivors.index(RANK), (new_ra
 x = torch.full((3,), float(new_rank + 1))
 dist.all_reduce(x)
 assert x.tolist() == [new_size * (new_size + 1) / 2] * 3, x
+# hpccomm's world follows torch's renumbering: identity, the torchrun variables, topology, new groups.
+ident = hpccomm.identity()
+assert (ident.rank, ident.world_size) == (new_rank, new_size), ident
+assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(new_rank), str(new_size)), os.environ["RANK"]
+assert hpccomm.topology().size == new_size and hpccomm.topology().rank == new_rank, hpccomm.topology()
+pair = dist.new_group([0, new_size - 1])
+y = torch.tensor([float(RANK)])
+if new_rank in (0, new_size - 1):
+    dist.all_reduce(y, group=pair)
+    assert y.item() == survivors[0] + survivors[-1], y
+mesh = dist.init_device_mesh("cpu", (new_size,))
+z = torch.ones(2)
+dist.all_reduce(z, group=mesh.get_group())
+assert z.tolist() == [float(new_size)] * 2, z
 b = torch.full((2,), float(new_rank))
 dist.broadcast(b, src=new_size - 1)
 assert b.tolist() == [new_size - 1.0] * 2, b

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .debug import CollectiveMismatchError
 from .failure import PeerExitedError
-from .fault_tolerance import PeerFailure
+from .fault_tolerance import PeerFailure, failed_ranks
 from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
 from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
@@ -38,6 +38,7 @@ __all__ = [
     "PeerExitedError",
     "PeerFailure",
     "Topology",
+    "failed_ranks",
     "identity",
     "init_device_mesh",
     "leaders_group",

@@ -96,6 +96,11 @@ class HpccommBackend(Front, Backend):
         return self._recovery is not None  # fault-tolerant mode
 
     @property
+    def failed_ranks(self) -> list[int] | None:
+        """The group's agreed failed ranks in fault-tolerant mode (:func:`hpccomm.failed_ranks`), else None."""
+        return None if self._recovery is None else self._recovery.failed_ranks
+
+    @property
     def supports_reconfigure(self) -> bool:
         return False
 

@@ -56,6 +56,23 @@ class PeerFailure(dist.DistBackendError):
         return (type(self), (str(self), self.failed_ranks))
 
 
+def failed_ranks(group: dist.ProcessGroup | None = None) -> list[int] | None:
+    """The ranks of ``group`` (default: the default group) its survivors agreed had failed, or None.
+
+    None while no operation of the group has met a failure, and outside
+    fault-tolerant mode. For errors that reach the program without their
+    type: DDP's backward re-raises its gradient all-reduce's PeerFailure as a
+    plain RuntimeError.
+
+    Args:
+        group: a group whose CPU backend is hpccomm's.
+    """
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu"))
+    return getattr(backend, "failed_ranks", None)
+
+
 def check_available(library_version: str) -> None:
     """Raise where this MPI cannot keep a job going after a rank's death (before any group is made).
 

@@ -1,0 +1,170 @@
+"""DDP training that survives a rank's death, in hpccomm's fault-tolerant mode.
+
+    hpccomm-run --ft -n 4 python examples/train_ft.py [--steps 60] [--seed S] [--no-kill]
+
+One rank, chosen at random, SIGKILLs itself at a random step, in the middle
+of its backward pass (its gradient all-reduces in flight). The survivors'
+next operation fails with ``hpccomm.PeerFailure`` (DDP re-raises it from
+``backward()`` as a RuntimeError; ``hpccomm.failed_ranks()`` says which ranks
+died either way). They shrink the default group with torch's
+``dist.shrink_group``, take the model and optimizer state of the survivor
+that got furthest (a survivor whose all-reduce had completed before the
+death is one step ahead), rebuild DDP, re-shard the data over the new world
+size and finish.
+
+Check: every step's global batch is the same whatever the world size (its
+size divides by both world sizes), and DDP averages gradients, so every step
+equals one full-batch step in one process. The new rank 0 replays the whole
+run that way and compares the final parameters: they must agree within
+``--atol`` (float32 sums taken in another order; see the README).
+
+Prints, from the new rank 0, one line ``RESULT {json}``: the victim and step,
+detection time (from the victim's SIGKILL to each survivor's error, the
+worst), shrink time (``dist.shrink_group``, the worst), recovery time (error
+to DDP rebuilt), and the largest parameter difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import time
+
+import hpccomm
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+IN, WIDTH = 32, 256
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(IN, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
+
+
+def make_ddp(model: torch.nn.Module) -> DDP:
+    # Small buckets: the last layer's gradients are all-reduced while the first layer's are computed,
+    # so the victim dies with an all-reduce in flight.
+    return DDP(model, bucket_cap_mb=0.02)
+
+
+def make_optimizer(model: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's whole batch: the same on every rank and for every world size."""
+    data = torch.Generator().manual_seed(10_000 + step)
+    x = torch.randn(size, IN, generator=data)
+    return x, torch.sin(x.sum(dim=1, keepdim=True))
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, batch: int,
+               rank: int, world: int) -> None:
+    x, y = global_batch(step, batch)
+    x, y = x[rank::world], y[rank::world]  # this rank's shard
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    optimizer.step()
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The training state the survivors must share: parameters and momentum buffers."""
+    tensors = [p.data for p in model.parameters()]
+    for p in model.parameters():
+        if "momentum_buffer" not in optimizer.state[p]:
+            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
+        tensors.append(optimizer.state[p]["momentum_buffer"])
+    return tensors
+
+
+def kill_mid_backward(model: torch.nn.Module) -> None:
+    """SIGKILL this rank once the first gradient is ready: DDP's first bucket is on its way."""
+    first = next(iter(model.parameters()))
+
+    def die(grad: torch.Tensor) -> torch.Tensor:
+        print(f"KILL rank={dist.get_rank()} at={time.time():.6f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return grad
+
+    first.register_hook(die)
+
+
+def replay(steps: int, batch: int) -> torch.nn.Module:
+    """The run as one process on each step's whole batch."""
+    model = make_model()
+    optimizer = make_optimizer(model)
+    for step in range(steps):
+        train_step(model, optimizer, step, batch, 0, 1)
+    return model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seed", type=int, default=None, help="picks the victim and the step (default: the clock)")
+    parser.add_argument("--no-kill", action="store_true", help="no rank dies (the clean run)")
+    parser.add_argument("--atol", type=float, default=1e-4)
+    args = parser.parse_args()
+
+    dist.init_process_group("hpccomm")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = 8 * math.lcm(world, max(world - 1, 1))  # divides by the world size before and after a death
+    seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % 100_000])
+    dist.broadcast(seed, src=0)
+    chooser = random.Random(int(seed))
+    victim, kill_at = chooser.randrange(world), chooser.randrange(1, args.steps - 1)
+    if args.no_kill:
+        victim = -1
+
+    model = make_model()
+    optimizer = make_optimizer(model)
+    ddp = make_ddp(model)
+    step, report = 0, {"seed": int(seed), "world": world, "victim": victim, "kill_at": kill_at}
+    while step < args.steps:
+        try:
+            if rank == victim and step == kill_at and world == report["world"]:
+                kill_mid_backward(model)
+            train_step(ddp, optimizer, step, batch, rank, world)
+            step += 1
+        except Exception as error:  # hpccomm.PeerFailure, or DDP's RuntimeError around it
+            caught = time.time()
+            failed = hpccomm.failed_ranks()
+            if not failed:
+                raise
+            start = time.monotonic()
+            dist.shrink_group(failed)
+            shrunk = time.monotonic()
+            rank, world = dist.get_rank(), dist.get_world_size()
+            # A survivor whose all-reduce completed before the death is a step ahead: all take its state.
+            steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(steps, torch.tensor([step]))
+            ahead = max(range(world), key=lambda r: (int(steps[r]), -r))
+            for tensor in state_tensors(model, optimizer):
+                dist.broadcast(tensor, src=ahead)
+            step = int(steps[ahead])
+            ddp = make_ddp(model)
+            times = torch.tensor([caught, shrunk - start, time.monotonic() - start], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            report.update(failed=failed, step_resumed=step, caught_at=float(times[0]),
+                          shrink_s=round(float(times[1]), 4), recover_s=round(float(times[2]), 4),
+                          error=type(error).__name__)
+            print(f"RECOVERED rank={rank}/{world} at step {step} ({type(error).__name__})", flush=True)
+
+    if rank == 0:
+        reference = replay(args.steps, batch)
+        diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
+        report.update(world_after=world, max_diff=diff, ok=diff <= args.atol)
+        print("RESULT " + json.dumps(report), flush=True)
+        if diff > args.atol:
+            raise SystemExit(f"final parameters differ from the one-process replay by {diff:.3g} > {args.atol}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -117,8 +117,7 @@ class Config:
             ``hpccomm.PeerFailure``, whose ``failed_ranks`` they all agree
             on, and ``dist.shrink_group`` (torch >= 2.14) rebuilds the group
             without them. Needs MPI's ULFM (Open MPI 5, started with
-            ``--with-ft ulfm``); collectives are flat MPI in this mode
-            (``HPCCOMM_ALGO=flat``, no shared memory) and CPU tensors only.
+            ``--with-ft ulfm``); CPU tensors only.
     """
 
     debug: bool
@@ -132,17 +131,6 @@ class Config:
     ft: bool
 
 
-def _algo(ft: bool) -> str:
-    """``HPCCOMM_ALGO``; fault-tolerant mode runs flat collectives only."""
-    algo = _choice("HPCCOMM_ALGO", ("auto", "flat", "hier"))
-    if ft and os.environ.get("HPCCOMM_ALGO", "").strip() and algo != "flat":
-        raise ValueError(
-            f"hpccomm: HPCCOMM_ALGO={algo} with HPCCOMM_FT=1: fault-tolerant mode runs flat MPI collectives "
-            "only (a survivor must not wait on a dead rank in shared memory); unset HPCCOMM_ALGO"
-        )
-    return "flat" if ft else algo
-
-
 def _read() -> Config:
     ft = _flag("HPCCOMM_FT")
     return Config(
@@ -153,7 +141,7 @@ def _read() -> Config:
         shm_slot_bytes=_size("HPCCOMM_SHM_SLOT_BYTES", 4 << 20),
         shm_min_bytes=_size("HPCCOMM_SHM_MIN_BYTES", None),
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
-        algo=_algo(ft),
+        algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
         ft=ft,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,23 @@ from .transports import Transport
 from .transports.mpi_types import Reduction
 from .work import Pending
 from .world import mpi, skip_finalize
+
+#: How often an operation waiting in shared memory looks for a failure it cannot see (:meth:`Recovery.watch`).
+_WATCH_S = 0.01
+
+
+class FailureSeen(Exception):
+    """A waiting operation saw the group revoked or a rank of its node dead (internal: becomes PeerFailure)."""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
 
 class PeerFailure(dist.DistBackendError):
     """Ranks of this group died; the survivors agree which (fault-tolerant mode only).
@@ -103,18 +121,42 @@ class Recovery:
         comm: the group's communicator that the survivors shrink (the backend's own).
         revocable: every communicator the group's operations run on; all are
             revoked at the first failure, so that no survivor waits on one.
+        node_pids: the process ids of the group's other ranks on this node,
+            which :meth:`watch` checks.
         describe: the group's description, for messages.
-        timeout_s: the group's timeout (kept for messages; the shrink waits for every survivor).
     """
 
-    def __init__(self, comm: Any, revocable: Sequence[Any], describe: Callable[[], str], timeout_s: float) -> None:
+    def __init__(
+        self, comm: Any, revocable: Sequence[Any], node_pids: Sequence[int], describe: Callable[[], str]
+    ) -> None:
         self._comm = comm
         self._revocable = list(revocable)
+        self._node_pids = list(node_pids)
         self._describe = describe
-        self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._failed: list[int] | None = None
         self._shrunk: Any = None
+        self._next_watch = 0.0
+
+    def watch(self) -> None:
+        """Raise :class:`FailureSeen` if the group met a failure that a waiting operation cannot see itself.
+
+        An operation waiting in shared memory (the node's engine, or a
+        hierarchical collective's node stage) calls no MPI: it would wait on a
+        dead rank of its node, or on a leader that has left for the agreement,
+        without end. Every 10 ms of waiting it looks: is the group revoked
+        (another survivor met the failure), or did a rank of the group on this
+        node die? Then it joins the agreement.
+        """
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + _WATCH_S
+        if self._comm.Is_revoked():
+            raise FailureSeen(f"{self._describe()} was revoked by another survivor")
+        for pid in self._node_pids:
+            if not _alive(pid):
+                raise FailureSeen(f"process {pid} of {self._describe()} on this node died")
 
     @property
     def failed_ranks(self) -> list[int] | None:
@@ -129,7 +171,7 @@ class Recovery:
         the revoke makes that their next operation on the group, if not the
         pending one); later calls return at once.
         """
-        if not isinstance(error, mpi().Exception):
+        if not isinstance(error, (mpi().Exception, FailureSeen)):
             return error  # bad input and the like: nothing was posted
         # Any MPI error, not only ULFM's classes: Open MPI 5.0's nonblocking collectives end some
         # survivors' requests with MPI_ERR_OTHER (3 in 5 runs at 4 ranks), before this process has
@@ -293,7 +335,10 @@ class _FailurePending:
         if self._error is not None:
             return True
         try:
-            return self._inner.test()
+            if self._inner.test():
+                return True
+            self._recovery.watch()
+            return False
         except Exception as exc:
             self._error = self._recovery.failure(exc, self._op)
             return True

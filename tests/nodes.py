@@ -53,6 +53,7 @@ def run_on_nodes(
     round_robin: bool = False,
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
+    launcher_options: Sequence[str] = (),
 ) -> NodesRun:
     """Run ``tests/ranks/<script>`` with ``per_node[i]`` ranks on fake node ``n<i+1>``.
 
@@ -64,6 +65,7 @@ def run_on_nodes(
             on n2, ...) instead of node by node; needs the same count everywhere.
         env: extra environment variables for the ranks.
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
+        launcher_options: more options for the launcher (e.g. ``--with-ft ulfm``).
     """
     require_namespaces()
     hosts = [f"n{i + 1}" for i in range(len(per_node))]
@@ -71,7 +73,7 @@ def run_on_nodes(
         hosts_file = _hosts_file(hosts, state)
         holders = [_start_node(host, state, hosts_file) for host in hosts]
         try:
-            launcher = _launcher(hosts, per_node, round_robin)
+            launcher = _launcher(hosts, per_node, round_robin) + list(launcher_options)
             run_env = {**openmpi_env(), **(env or {}), "HPCCOMM_TEST_NODES": state}
             run = run_launcher(launcher, script, *args, env=run_env, limit_s=limit_s)
             leftovers = {host: sorted(os.listdir(f"/proc/{pid.pid}/root/dev/shm")) for host, pid in zip(hosts, holders)}

@@ -23,7 +23,8 @@ from pathlib import Path
 import mpi_library
 import pytest
 import torch.distributed as dist
-from launch import HPCCOMM_RUN, run_ranks
+from launch import HIER_EVERYWHERE, HPCCOMM_RUN, RankRun, run_ranks
+from nodes import run_on_nodes
 
 
 def ulfm_here() -> bool:
@@ -31,31 +32,52 @@ def ulfm_here() -> bool:
     return mpi_library.family() == "openmpi" and int(mpi_library.release().split(".")[0]) >= 5
 
 
+#: The node's shared-memory engine for every size (64 MiB all_reduces take it anyway).
+SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1"}
+
+
 @pytest.mark.parametrize(
-    "nprocs, when, victims",
+    "nprocs, when, victims, env, path",
     [
-        (3, "between", "1"),
-        (3, "mid-async", "1"),
-        (4, "between", "1,2"),
-        (4, "mid-async", "2"),
-        (4, "during-agreement", "1,2"),
-        (3, "exit", "1"),
+        (3, "between", "1", {"HPCCOMM_ALGO": "flat"}, "flat"),
+        (3, "mid-async", "1", {}, "node"),
+        (4, "between", "1,2", SHM_EVERYWHERE, "node"),
+        (4, "mid-async", "2", {"HPCCOMM_ALGO": "flat"}, "flat"),
+        (4, "during-agreement", "1,2", {}, "flat"),
+        (3, "exit", "1", {}, "flat"),
     ],
 )
-def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims):
-    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
+def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims, env, path):
+    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
     if not ulfm_here():
         assert run.returncode != 0 and "hpccomm-run --ft:" in run.output and "ULFM" in run.output, run.output
         return
     if not hasattr(dist, "shrink_group"):
         assert run.returncode != 0 and "HPCCOMM_FT=1 needs torch >= 2.14" in run.output, run.output[-4000:]
         return
+    check_survivors(run, range(nprocs), victims, path)
+
+
+@pytest.mark.parametrize("when, victims", [("between", "3"), ("mid-async", "2")])
+def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
+    # 2 fake nodes of 2 ranks, every collective hierarchical; rank 3 is n2's second rank, rank 2 its leader.
+    if not (ulfm_here() and hasattr(dist, "shrink_group")):
+        pytest.skip("needs Open MPI 5's ULFM and torch >= 2.14 (the refusals are tested above)")
+    run = run_on_nodes([2, 2], "fault_tolerance.py", when, victims, env={**HIER_EVERYWHERE, "HPCCOMM_FT": "1"},
+                       launcher_options=["--with-ft", "ulfm"], limit_s=120)
+    check_survivors(run, range(4), victims, "hier")
+    assert run.leftovers == {"n1": [], "n2": []}, run.leftovers
+
+
+def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None:
+    """Every survivor caught the PeerFailure (its collective on ``path``), shrank and passed its checks."""
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
     assert "UNEXPECTED" not in run.output, run.output[-4000:]
     dead = [int(rank) for rank in victims.split(",")]
-    survivors = {str(rank) for rank in range(nprocs) if rank not in dead}
+    survivors = {str(rank) for rank in ranks if rank not in dead}
     assert set(re.findall(r"FAILED rank=(\d+)", run.output)) == survivors, run.output[-4000:]
     assert set(re.findall(r"OK rank=(\d+)", run.output)) == survivors, run.output[-4000:]
+    assert set(re.findall(r"PATH rank=\d+ (\w+)", run.output)) == {path}, run.output[-4000:]
 
 
 def test_ft_mode_refuses_at_init_where_the_job_cannot_survive_a_death():

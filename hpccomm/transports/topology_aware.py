@@ -119,7 +119,8 @@ class TopologyAwareTransport(Transport):
         return pending
 
     def communicators(self) -> list[Any]:
-        return self.flat.communicators()
+        inter = [self.aware.inter] if isinstance(self.aware, Hierarchy) else []
+        return [*self.flat.communicators(), *inter]
 
     def close(self, in_flight: bool = False) -> None:
         self.aware.close(in_flight)

@@ -39,23 +39,30 @@ assert t.tolist() == [SIZE] * 4, t
 dist.barrier()
 
 if RANK in victims:
+    # A rank may leave the barrier before the others have seen it complete: let them.
+    time.sleep(0.1)
     if when == "mid-async":
         dist.all_reduce(torch.ones(1 << 24), async_op=True)
     if when == "during-agreement" and RANK == victims[1]:
         time.sleep(0.5)  # the others are past their failed all_reduce, inside the agreement
     os.kill(os.getpid(), signal.SIGKILL)
 
+transport = dist.group.WORLD._get_backend(torch.device("cpu"))._transports["cpu"].inner
+taken_before = sum(getattr(transport, "taken", {}).values())
 start = time.monotonic()
 try:
     if when == "mid-async":
         dist.all_reduce(torch.ones(1 << 24), async_op=True).wait()
     else:
-        time.sleep(0.2)  # the victims die first
+        time.sleep(0.4)  # the victims die first
         dist.all_reduce(torch.ones(4))
     print(f"UNEXPECTED rank={RANK}: the all_reduce completed without the dead ranks", flush=True)
     sys.exit(1)
 except hpccomm.PeerFailure as failure:
     took = time.monotonic() - start
+    # Which path the failed collective took: flat MPI, the node's shared memory, or hierarchical.
+    aware = sum(getattr(transport, "taken", {}).values()) > taken_before
+    print(f"PATH rank={RANK} {transport.path if aware else 'flat'}", flush=True)
     assert failure.failed_ranks == victims, (failure.failed_ranks, victims)
     assert took < 3.0, f"PeerFailure after {took:.2f} s"
     print(f"FAILED rank={RANK} took={took:.3f} failed={failure.failed_ranks}", flush=True)

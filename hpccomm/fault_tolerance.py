@@ -15,11 +15,15 @@ In fault-tolerant mode hpccomm runs on MPI's User-Level Failure Mitigation
   survivors' group on that shrunk communicator, ranks renumbered
   (:meth:`Recovery.survivors`, called from the backend's ``shrink``).
 
-Groups run flat MPI collectives in this mode (no shared-memory segment, no
-hierarchy): a survivor must never spin on a dead rank's counter in shared
-memory. :class:`FaultTolerantTransport` wraps a group's transports so that
-an MPI error from a post or a test becomes the group's PeerFailure; the
-front, which knows no transport, sees it as any operation's error.
+:class:`FaultTolerantTransport` wraps a group's transports so that an MPI
+error from a post or a test becomes the group's PeerFailure; the front, which
+knows no transport, sees it as any operation's error. An operation waiting in
+shared memory (the node's engine, a hierarchical collective's node stage)
+calls no MPI, so while it waits it also watches for a revoked group and for
+a dead rank of its node (:meth:`Recovery.watch`): no survivor spins on a dead
+rank's counter. After a failure MPI is not finalised at exit
+(:func:`hpccomm.world.skip_finalize`), and :mod:`hpccomm.torch_gaps` makes
+torch register a shrunk group as the custom backend it is.
 """
 
 from __future__ import annotations

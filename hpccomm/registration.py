@@ -134,8 +134,8 @@ def _check_fault_tolerance() -> None:
 
     if not BACKEND_SHAPE:
         raise RuntimeError(
-            f"hpccomm: HPCCOMM_FT=1 needs torch >= 2.14, whose dist.shrink_group rebuilds a group without "
-            f"its failed ranks; this is torch {torch.__version__}"
+            f"hpccomm: HPCCOMM_FT=1 needs torch >= 2.14, where hpccomm's groups are torch Backends, whose shrink "
+            f"dist.shrink_group calls; this is torch {torch.__version__}"
         )
     if "ucc" in selection.routes().values():
         raise RuntimeError("hpccomm: HPCCOMM_FT=1 runs on MPI only; unset HPCCOMM_TRANSPORT=ucc")

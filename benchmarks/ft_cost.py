@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 MODES = {"default": [], "ft": ["--ft"]}
 
@@ -28,7 +29,7 @@ def sweep(nprocs: int, launcher_options: list[str], sizes: list[str]) -> dict[in
         command = [os.path.join(bindir, "hpccomm-run"), *launcher_options, "-n", str(nprocs),
                    os.path.join(bindir, "hpccomm-bench"), "all_reduce", *sizes, "--no-progress", "--json", out.name]
         subprocess.run(command, check=True, capture_output=True, timeout=600)
-        rows = json.load(open(out.name))["rows"]
+        rows = json.loads(Path(out.name).read_text())["rows"]
     return {row["bytes"]: (row["time_us"], row["busbw_GBps"]) for row in rows if row["contender"] == "hpccomm"}
 
 

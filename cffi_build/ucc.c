@@ -22,6 +22,56 @@ ucc_status_t hpccomm_ucc_start(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_
     return UCC_OK;
 }
 
+ucc_status_t hpccomm_ucc_init(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request)
+{
+    *request = NULL;
+    return ucc_collective_init(args, request, team);
+}
+
+ucc_status_t hpccomm_ucc_post(ucc_coll_req_h request)
+{
+    ucc_status_t status = ucc_collective_post(request);
+
+    if (status != UCC_OK) {
+        ucc_collective_finalize(request);
+    }
+    return status;
+}
+
+ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request)
+{
+    ucc_ev_t compute_done = {0};
+    ucc_ev_t *posted = NULL;
+    ucc_status_t status;
+
+    compute_done.ev_type = UCC_EVENT_COMPUTE_COMPLETE;
+    compute_done.req = request;
+    status = ucc_collective_triggered_post(ee, &compute_done);
+    if (status != UCC_OK) {
+        ucc_collective_finalize(request);
+        return status;
+    }
+    /* UCC queues a COLLECTIVE_POST event on the engine once it has taken the
+     * request; read and acknowledge it (ProcessGroupUCC does the same). The
+     * request is posted by now whatever this finds: it is never finalized
+     * here, its poll will end it. */
+    if (ucc_ee_get_event(ee, &posted) == UCC_OK && posted != NULL) {
+        ucc_ee_ack_event(ee, posted);
+    }
+    return UCC_OK;
+}
+
+ucc_status_t hpccomm_ucc_ee_create(ucc_team_h team, void *cuda_stream, ucc_ee_h *ee)
+{
+    ucc_ee_params_t params = {0};
+
+    params.ee_type = UCC_EE_CUDA_STREAM;
+    params.ee_context = cuda_stream;
+    params.ee_context_size = sizeof(void *);
+    *ee = NULL;
+    return ucc_ee_create(team, &params, ee);
+}
+
 ucc_status_t hpccomm_ucc_poll(ucc_context_h context, ucc_coll_req_h request)
 {
     /* ucc_collective_test is this read (static inline in ucc.h). */

@@ -11,6 +11,24 @@
  * failed is finalized here) and *request is NULL. */
 ucc_status_t hpccomm_ucc_start(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request);
 
+/* The two halves of hpccomm_ucc_start, for a request posted later than it is
+ * initialised (hpccomm's UCC transport on device memory posts once the
+ * caller's stream has produced the inputs). Collectives must be initialised
+ * in the same order on every rank; they may be posted later. A request whose
+ * post fails is finalized by hpccomm_ucc_post. */
+ucc_status_t hpccomm_ucc_init(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request);
+ucc_status_t hpccomm_ucc_post(ucc_coll_req_h request);
+
+/* An initialised request posted on an execution engine (a CUDA stream): UCC
+ * starts it once the stream reaches this point and holds the stream until the
+ * collective has completed. ucc_collective_triggered_post, then the engine's
+ * UCC_EVENT_COLLECTIVE_POST event read and acknowledged, as PyTorch's
+ * ProcessGroupUCC does. If the triggered post fails the request is finalized. */
+ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request);
+
+/* An execution engine on a CUDA stream (a cudaStream_t, passed as a pointer). */
+ucc_status_t hpccomm_ucc_ee_create(ucc_team_h team, void *cuda_stream, ucc_ee_h *ee);
+
 /* One poll of a posted request: progress the context once unless the request
  * has already ended, and return its status. A request that has ended (UCC_OK
  * or an error) is finalized by this call and must not be used again. */

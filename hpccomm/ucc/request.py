@@ -2,7 +2,11 @@
 
 :class:`Request` starts with ``ucc_collective_init`` then
 ``ucc_collective_post`` (UCC 1.8 does not implement the combined
-``ucc_collective_init_and_post``) in one C call, and each :meth:`Request.test`
+``ucc_collective_init_and_post``) in one C call, or with the init alone and
+the post later (:meth:`Request.post`, or :meth:`Request.post_on` a CUDA
+stream's execution engine): collectives must be initialised in the same order
+on every rank, but device memory is posted only once the caller's stream has
+produced it. Each :meth:`Request.test` of a posted request
 progresses the context once and reads the request's status, finalizing the
 request in the same C call once it has ended (``cffi_build/ucc.c``). An error
 status becomes a :class:`~hpccomm.ucc.errors.UCCError` from :meth:`Request.result`.
@@ -28,13 +32,16 @@ class Request:
 
     __slots__ = ("_team", "_handle", "_keep", "status", "_lib", "_lock", "_context")
 
-    def __init__(self, team: Team, args: Any, keep: Any) -> None:
+    def __init__(self, team: Team, args: Any, keep: Any, post: bool = True) -> None:
         binding = team.binding
         lib = binding.lib
         cell = binding.ffi.new("ucc_coll_req_h *")
         with team.context.lock:
-            status = lib.hpccomm_ucc_start(team.handle, args, cell)
-        check(binding, status, "ucc_collective_init/post")
+            if post:
+                status = lib.hpccomm_ucc_start(team.handle, args, cell)
+            else:
+                status = lib.hpccomm_ucc_init(team.handle, args, cell)
+        check(binding, status, "ucc_collective_init/post" if post else "ucc_collective_init")
         self._team = team
         self._handle = cell[0]
         self._keep = keep
@@ -43,8 +50,41 @@ class Request:
         self._context = team.context.handle
         self.status = lib.UCC_INPROGRESS
 
+    def post(self) -> None:
+        """Post a request made with ``post=False``.
+
+        Raises:
+            UCCError: UCC refused it; the request has ended (nothing is left posted).
+        """
+        with self._lock:
+            status = self._lib.hpccomm_ucc_post(self._handle)
+        self._posted(status, "ucc_collective_post")
+
+    def post_on(self, ee: Any) -> None:
+        """Post a request made with ``post=False`` on an execution engine (``ucc_collective_triggered_post``).
+
+        UCC starts it once the engine's CUDA stream reaches this point and holds
+        the stream until it has completed; :meth:`test` still tells the host.
+
+        Raises:
+            UCCError: UCC refused it; the request has ended.
+        """
+        with self._lock:
+            status = self._lib.hpccomm_ucc_triggered_post(ee, self._handle)
+        self._posted(status, "ucc_collective_triggered_post")
+
+    def _posted(self, status: int, call: str) -> None:
+        if status == self._lib.UCC_OK:
+            return
+        # Finalized by the C helper: the request has ended.
+        self.status = status
+        self._handle = None
+        self._keep = None
+        self._team.live.discard(self)
+        raise UCCError(status, f"{call}: {describe(self._team.binding, status)}")
+
     def test(self) -> bool:
-        """Progress once; True once the request has ended (successfully or not)."""
+        """Progress once; True once the request has ended (successfully or not). Posted requests only."""
         if self._handle is None:
             return True
         with self._lock:

@@ -53,6 +53,8 @@ class Team:
         self.rank = comm.Get_rank()
         #: Posted requests that have not ended yet.
         self.live: set[Request] = set()
+        #: Execution engines (CUDA streams) made on this team: destroyed before it.
+        self._engines: list[Any] = []
         ffi, lib = self.binding.ffi, self.binding.lib
         self._oob = OutOfBand(comm, abandoned, timeout_s, own)
         params = ffi.new("ucc_team_params_t *")
@@ -94,20 +96,39 @@ class Team:
                     return status
                 lib.ucc_context_progress(context)
 
-    def post(self, args: Any, keep: Any = None) -> Request:
+    def post(self, args: Any, keep: Any = None, post: bool = True) -> Request:
         """Initialise and post a collective.
 
         Args:
             args: a filled ``ucc_coll_args_t *`` (UCC copies it: reusable at once).
             keep: what UCC reads or writes until the request ends (tensors,
                 count arrays); held by the request.
+            post: False initialises only: the caller posts it later
+                (:meth:`Request.post`), in the order of initialisation.
 
         Raises:
             UCCError: UCC refused the collective; nothing is left posted.
         """
-        request = Request(self, args, keep)
+        request = Request(self, args, keep, post)
         self.live.add(request)
         return request
+
+    def execution_engine(self, cuda_stream: int) -> Any:
+        """A UCC execution engine on a CUDA stream, for triggered posts (:meth:`Request.post_on`).
+
+        Args:
+            cuda_stream: the ``cudaStream_t`` (torch's ``Stream.cuda_stream``).
+
+        Raises:
+            UCCError: UCC made none (a UCC without CUDA support says NOT_SUPPORTED).
+        """
+        ffi, lib = self.binding.ffi, self.binding.lib
+        cell = ffi.new("ucc_ee_h *")
+        with self.context.lock:
+            status = lib.hpccomm_ucc_ee_create(self.handle, ffi.cast("void *", cuda_stream), cell)
+        check(self.binding, status, "ucc_ee_create")
+        self._engines.append(cell[0])
+        return cell[0]
 
     def destroy(self, in_flight: bool = False) -> bool:
         """``ucc_team_destroy`` (local); True if the team was destroyed.
@@ -123,6 +144,10 @@ class Team:
             _kept.append(self)
             self.handle = None
             return False
+        with self.context.lock:
+            for engine in self._engines:
+                self.binding.lib.ucc_ee_destroy(engine)
+        self._engines = []
         status = self._progress_until_done(self.binding.lib.ucc_team_destroy)
         self.handle = None
         self.context.teams.discard(self)

@@ -10,8 +10,9 @@ order:
    work has written it, and the caller's thread does not block;
 2. once ``copied`` has completed, the CPU transport (shared memory, MPI) is
    posted on the host buffers. Posts are made in the order the operations were
-   called, whichever thread gets there (:class:`HostStagedTransport` keeps
-   a queue), so every rank posts its collectives in one order;
+   called, whichever thread gets there
+   (:class:`~hpccomm.transports.call_order.CallOrder`), so every rank posts its
+   collectives in one order;
 3. once the host communication has completed, the side stream copies the
    results back into the op's output tensors and records ``landed``;
 4. the operation completes when ``landed`` has: the Work's ``wait()`` and
@@ -34,8 +35,6 @@ tested on the CPU (``tests/test_host_staged.py``).
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +42,7 @@ import torch
 
 from ..work import Pending
 from . import Transport
+from .call_order import CallOrder
 from .device_ops import DeviceOps
 from .mpi_types import Reduction
 
@@ -79,9 +79,10 @@ class StagedPending:
         self._landed: Any = None
         self._error: BaseException | None = None
 
-    # -- called by the transport, under its posting lock ----------------------------
+    # -- called by the transport's CallOrder, under its lock -----------------------------
 
-    def inputs_copied(self) -> bool:
+    def ready(self) -> bool:
+        """Whether the inputs have reached host memory."""
         return self._ops.query(self._copied)
 
     def post(self) -> None:
@@ -138,7 +139,7 @@ class StagedPending:
     def _host_ended(self) -> bool:
         """Post if still unposted, then test the host operation; True once it has completed or failed."""
         if self._host is None and self._error is None:
-            self._transport.post_ready()  # may post this one, or fail its post
+            self._transport.order.post_ready()  # may post this one, or fail its post
         if self._error is not None:
             return True
         if self._host is None:
@@ -168,15 +169,8 @@ class HostStagedTransport(Transport):
     def __init__(self, host: Transport, ops: DeviceOps) -> None:
         self.host = host
         self.ops = ops
-        self._unposted: deque[StagedPending] = deque()
-        # Held while posting: the caller's thread and the progress thread both move the queue on.
-        self._posting = threading.Lock()
-
-    def post_ready(self) -> None:
-        """Post, in call order, every queued operation whose inputs have reached host memory."""
-        with self._posting:
-            while self._unposted and self._unposted[0].inputs_copied():
-                self._unposted.popleft().post()
+        #: Operations whose inputs are on their way to host memory, posted in call order.
+        self.order = CallOrder()
 
     def _staged(
         self, op: str, post: HostPost, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]
@@ -192,9 +186,7 @@ class HostStagedTransport(Transport):
                 stand_ins[id(tensor)] = (tensor, ops.host_buffer(tensor))
         ops.copy([(stand_ins[id(tensor)][1], tensor) for tensor in inputs], side)
         pending = StagedPending(self, post, stand_ins, outputs, ops.record(side))
-        with self._posting:
-            self._unposted.append(pending)
-        self.post_ready()
+        self.order.add(pending)
         return pending
 
     # -- the operations: which tensors each reads and writes ---------------------------

@@ -106,11 +106,24 @@ class Config:
             is made) or ``hier`` (shared memory and the hierarchy wherever
             they apply, at every size).
         transports: ``HPCCOMM_TRANSPORT``: which transport serves each
-            device: ``auto`` (CPU: MPI; CUDA, where torch sees a GPU: through
-            host memory), ``mpi`` or ``ucc`` for every device, or per device
+            device: ``auto`` (CPU: MPI; CUDA, where torch sees a GPU: UCC on
+            device memory where hpccomm's UCC has CUDA, else through host
+            memory), ``mpi`` or ``ucc`` for every device, or per device
             (``cpu:mpi,cuda:staged``); ``staged`` (CUDA only) copies CUDA
             tensors to host memory and back around the CPU path; ``ucc``
-            needs hpccomm built with UCC and carries host memory only so far.
+            needs hpccomm built with UCC (for CUDA tensors, a UCC and UCX
+            with CUDA).
+        cuda_staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``: where CUDA
+            tensors go to UCC, collectives of at most this many bytes go
+            through host memory instead (point-to-point always does); ``0``
+            sends every collective to UCC. The default comes from 2 ranks
+            sharing one H100/H200 (docs/ucc-cuda.md); the GPU acceptance run
+            measures the crossover on the machine at hand.
+        ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
+            collectives on an execution engine on the group's side stream
+            (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
+            instead of once the host sees the inputs ready. Experimental: it
+            has not run on a GPU.
         ft: ``HPCCOMM_FT``: ``1`` is fault-tolerant mode (``hpccomm-run
             --ft`` sets it): a rank's death no longer ends the job; the
             survivors' operations on groups that contain it raise
@@ -128,6 +141,8 @@ class Config:
     shm_stream_min_bytes: int | None
     algo: str
     transports: tuple[tuple[str, str], ...]
+    cuda_staged_max_bytes: int
+    ucc_triggered: bool
     ft: bool
 
 
@@ -142,6 +157,8 @@ def _read() -> Config:
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
+        cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", 1 << 20),
+        ucc_triggered=_flag("HPCCOMM_UCC_TRIGGERED"),
         ft=_flag("HPCCOMM_FT"),
     )
 

@@ -202,21 +202,40 @@ def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta, world_gro
 
 
 def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> dict[str, Transport]:
-    """The transport serving each device type in the group on ``comm`` (``HPCCOMM_TRANSPORT``). Collective."""
+    """The transport serving each device type in the group on ``comm`` (``HPCCOMM_TRANSPORT``). Collective.
+
+    Each transport owns the communicator it is given; the CPU transport gets ``comm`` itself.
+    """
     routes = selection.routes()
     built: dict[str, Transport] = {}
-    if "mpi" in routes.values():
-        built["mpi"] = cpu_transport(comm, global_ranks)
-    if "staged" in routes.values():
-        # Before UCC, which may free ``comm``. The CPU half gets a communicator of its own: its
-        # posts follow the device operations' order, not that of the group's CPU operations.
-        from .transports.device_ops import cuda_ops
-        from .transports.host_staged import HostStagedTransport
-
-        built["staged"] = HostStagedTransport(cpu_transport(comm.Dup(), global_ranks), cuda_ops(group_cuda_device()))
-    if "ucc" in routes.values():
+    if routes.get("cpu") == "mpi":
+        built["cpu"] = cpu_transport(comm, global_ranks)
+    if "cuda" in routes:
+        # Before UCC on host memory, which frees ``comm`` once its team is made.
+        built["cuda"] = _cuda_transport(comm.Dup(), global_ranks, timeout, routes["cuda"])
+    if routes.get("cpu") == "ucc":
         from .transports.ucc import UCCTransport  # loads UCC: only where it is used
 
-        # Each transport owns the communicator it is given.
-        built["ucc"] = UCCTransport.for_group(comm.Dup() if built else comm, global_ranks, timeout.total_seconds())
-    return {device: built[name] for device, name in routes.items()}
+        built["cpu"] = UCCTransport.for_group(comm, global_ranks, timeout.total_seconds())
+    return built
+
+
+def _cuda_transport(comm: Any, global_ranks: list[int], timeout: timedelta, route: str) -> Transport:
+    """CUDA tensors through host memory (``staged``), or UCC on device memory with small ones staged. Collective."""
+    from .transports.device_ops import cuda_ops
+    from .transports.host_staged import HostStagedTransport
+
+    device = group_cuda_device()  # fixed before UCC's team (and context) is made
+    ops = cuda_ops(device)
+    ucc_comm = comm.Dup() if route == "ucc" else None
+    # The CPU half of the staged path has a communicator of its own: its posts follow the
+    # device operations' order, not that of the group's CPU operations.
+    staged = HostStagedTransport(cpu_transport(comm, global_ranks), ops)
+    if ucc_comm is None:
+        return staged
+    from .transports.ucc_cuda import cuda_transport
+
+    return cuda_transport(
+        ucc_comm, global_ranks, timeout.total_seconds(), staged, ops, device,
+        settings.cuda_staged_max_bytes, settings.ucc_triggered,
+    )

@@ -52,6 +52,8 @@ class FakeDevice:
         self.trace: list[tuple[str, str]] = []
         self._lock = threading.RLock()
         self._events = 0
+        #: The threads that bound the device (:meth:`bind_thread`).
+        self.bound_threads: set[int] = set()
 
     # -- test controls ------------------------------------------------------------------
 
@@ -122,6 +124,12 @@ class FakeDevice:
     def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: FakeStream) -> None:
         for dst, src in pairs:
             self._queue(stream, ("copy", (dst, src)))
+
+    def call_on(self, stream: FakeStream, queue_work: Callable[[], None]) -> None:
+        self._queue(stream, ("call", queue_work))
+
+    def bind_thread(self) -> None:
+        self.bound_threads.add(threading.get_ident())
 
     def check_can_stage(self, op: str) -> None:
         if self.capturing:

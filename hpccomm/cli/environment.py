@@ -167,7 +167,10 @@ def cuda() -> dict[str, Any]:
 
 
 #: What each transport does with CUDA tensors, for ``info``.
-_CUDA_ROUTES = {"staged": "staged (through pinned host memory and the CPU transport)"}
+_CUDA_ROUTES = {
+    "staged": "staged (through pinned host memory and the CPU transport)",
+    "ucc": "ucc (UCC on device memory; collectives up to HPCCOMM_CUDA_STAGED_MAX_BYTES and point-to-point staged)",
+}
 
 
 def _cuda_route() -> str:

@@ -13,7 +13,9 @@ thin layer over ``torch.cuda`` and runs only where a GPU does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ctypes
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -46,6 +48,16 @@ class DeviceOps(Protocol):
     def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: Any) -> None:
         """Queue ``dst.copy_(src)`` for each ``(dst, src)`` of ``pairs`` on ``stream``, in order."""
 
+    def call_on(self, stream: Any, queue_work: Callable[[], None]) -> None:
+        """Run ``queue_work`` (which queues device work: copies, kernels) with ``stream`` current."""
+
+    def bind_thread(self) -> None:
+        """Make the device, and its context, current on the calling thread (checked, once per thread).
+
+        A library that touches device memory from the calling thread (UCX inside
+        UCC, on hpccomm's progress thread) needs the device's context there.
+        """
+
     def check_can_stage(self, op: str) -> None:
         """Raise a clear error where staging cannot run now (e.g. during CUDA graph capture)."""
 
@@ -63,6 +75,7 @@ class CudaOps:
         self._index = device.index
         # Created once per group: streams are cheap to keep, costly to create per call.
         self._side = torch.cuda.Stream(device=device)
+        self._bound = threading.local()
 
     def current_stream(self) -> Any:
         return torch.cuda.current_stream(self._index)
@@ -100,12 +113,67 @@ class CudaOps:
         finally:
             torch.cuda.set_stream(previous)
 
+    def call_on(self, stream: Any, queue_work: Callable[[], None]) -> None:
+        previous = torch.cuda.current_stream(self._index)
+        torch.cuda.set_stream(stream)
+        try:
+            queue_work()
+        finally:
+            torch.cuda.set_stream(previous)
+
+    def bind_thread(self) -> None:
+        if getattr(self._bound, "done", False):
+            return
+        torch.cuda.set_device(self._index)
+        # torch.cuda.set_device does nothing where the runtime already reports the device
+        # current, which a fresh thread does for device 0 without any context: make the
+        # primary context current through the driver, as ProcessGroupUCC does.
+        _bind_primary_context(self._index)
+        self._bound.done = True
+
     def check_can_stage(self, op: str) -> None:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                f"hpccomm {op}: the host-staged CUDA path cannot run inside CUDA graph capture "
-                "(it allocates pinned memory and waits on the host); run this collective outside the graph"
+                f"hpccomm {op}: CUDA tensors cannot be communicated inside CUDA graph capture (hpccomm's "
+                "CUDA paths wait on the host for the caller's stream; the staged one allocates pinned memory); "
+                "run this collective outside the graph"
             )
+
+
+_driver: Any = None
+
+
+def _bind_primary_context(index: int) -> None:
+    """Make device ``index``'s primary context current on this thread, and check it is.
+
+    Raises:
+        RuntimeError: the driver refused, or another device's context is current.
+    """
+    global _driver
+    if _driver is None:
+        _driver = ctypes.CDLL("libcuda.so.1")
+    current = ctypes.c_void_p()
+    _driver_call("cuCtxGetCurrent", ctypes.byref(current))
+    if not current.value:
+        device = ctypes.c_int()
+        _driver_call("cuDeviceGet", ctypes.byref(device), index)
+        _driver_call("cuDevicePrimaryCtxRetain", ctypes.byref(current), device)
+        _driver_call("cuCtxSetCurrent", current)
+    ordinal = ctypes.c_int()
+    _driver_call("cuCtxGetDevice", ctypes.byref(ordinal))
+    expected = ctypes.c_int()
+    _driver_call("cuDeviceGet", ctypes.byref(expected), index)
+    if ordinal.value != expected.value:
+        raise RuntimeError(
+            f"hpccomm: thread {threading.current_thread().name} has CUDA device {ordinal.value} current, "
+            f"not the group's (cuda:{index})"
+        )
+
+
+def _driver_call(name: str, *args: Any) -> None:
+    result = getattr(_driver, name)(*args)
+    if result != 0:
+        raise RuntimeError(f"hpccomm: CUDA driver call {name} failed (CUresult {result})")
 
 
 def cuda_ops(device: torch.device | None = None) -> CudaOps:

@@ -1,12 +1,13 @@
 """Which transport serves which device: ``HPCCOMM_TRANSPORT`` against what is installed.
 
 ``auto`` (the default) routes host tensors to MPI and, where torch sees a
-GPU, CUDA tensors through host memory (``staged``:
-:mod:`~hpccomm.transports.host_staged`; UCC on device memory is not built
-yet). ``ucc`` forces UCC for host tensors too: testable on any machine, and
-usable where UCC's host collectives beat MPI. The choice is logged once per
-process (logger ``hpccomm``, level INFO), with UCC's version and library
-paths when UCC serves a device.
+GPU, CUDA tensors to UCC on device memory (:mod:`~hpccomm.transports.ucc_cuda`,
+small collectives through host memory) where hpccomm's UCC has CUDA, else
+through host memory (``staged``: :mod:`~hpccomm.transports.host_staged`).
+``ucc`` forces UCC for host tensors too: testable on any machine, and usable
+where UCC's host collectives beat MPI. The choice is logged once per process
+(logger ``hpccomm``, level INFO), with UCC's version and library paths when
+UCC serves a device, and the size below which CUDA collectives are staged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("hpccomm")
 
 #: The devices each transport can carry today (``staged`` only where torch sees a GPU: see _serves).
-_SERVES = {"mpi": ("cpu",), "ucc": ("cpu",), "staged": ("cuda",)}
+_SERVES = {"mpi": ("cpu",), "ucc": ("cpu", "cuda"), "staged": ("cuda",)}
 #: What ``auto`` picks per device, best first.
 _AUTO = {"cpu": ("mpi",), "cuda": ("ucc", "staged")}
 
@@ -48,8 +49,14 @@ def devices() -> list[str]:
 
 
 def wants_ucc() -> bool:
-    """Whether some device is routed to UCC (so UCC must be loaded before MPI starts)."""
-    return any(name == "ucc" and device in _serves("ucc") for device, name in settings.transports)
+    """Whether some device may be routed to UCC (so UCC must be loaded before MPI starts)."""
+    for device, name in settings.transports:
+        if device in _serves("ucc") and (name == "ucc" or (name == "auto" and "ucc" in _AUTO[device])):
+            from ..ucc.binding import built
+
+            if name == "ucc" or built():
+                return True
+    return False
 
 
 def routes() -> dict[str, str]:
@@ -73,38 +80,53 @@ def routes() -> dict[str, str]:
             from ..ucc import status
 
             ucc = status()
-        name = next((c for c in candidates if device in _serves(c) and (wanted != "auto" or _usable(c, ucc))), None)
+        usable = (c for c in candidates if device in _serves(c) and (wanted != "auto" or _usable(c, device, ucc)))
+        name = next(usable, None)
         if name is None:
             notes.append(f"{device} -> none ({_why_none(device, wanted)})")
             continue
         if name == "ucc":
             _require_ucc(device, ucc)
         chosen[device] = name
-        notes.append(f"{device} -> {name}{_details(name, ucc)}")
+        notes.append(f"{device} -> {name}{_details(name, device, ucc)}")
     _logger.info("hpccomm transports: %s", "; ".join(notes))
     _routes = chosen
     return chosen
 
 
-def _usable(name: str, ucc: UCCStatus | None) -> bool:
-    return name != "ucc" or (ucc is not None and ucc.available)
+def _usable(name: str, device: str, ucc: UCCStatus | None) -> bool:
+    if name != "ucc":
+        return True
+    return ucc is not None and ucc.available and (device != "cuda" or _ucc_cuda_missing() is None)
+
+
+def _ucc_cuda_missing() -> str | None:
+    from ..ucc.binding import cuda_support
+
+    return cuda_support()
 
 
 def _require_ucc(device: str, ucc: UCCStatus | None) -> None:
     assert ucc is not None
-    if not ucc.available:
-        raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {ucc.reason}")
+    reason = ucc.reason if not ucc.available else _ucc_cuda_missing() if device == "cuda" else None
+    if reason is not None:
+        raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {reason}")
 
 
-def _details(name: str, ucc: UCCStatus | None) -> str:
+def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
     if name != "ucc" or ucc is None:
         return ""
-    return f" (UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx})"
+    paths = f"UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx}"
+    if device != "cuda":
+        return f" ({paths})"
+    limit = settings.cuda_staged_max_bytes
+    staged = f"collectives up to {limit} bytes and point-to-point staged through host memory" if limit else (
+        "point-to-point staged through host memory")
+    posting = "triggered on a stream" if settings.ucc_triggered else "host-gated"
+    return f" on device memory, {posting}; {staged} ({paths})"
 
 
 def _why_none(device: str, wanted: str) -> str:
     if device == "cuda" and not _cuda_available():
         return "torch sees no CUDA device"
-    if device == "cuda" and wanted == "ucc":
-        return "UCC's CUDA path is not built yet; HPCCOMM_TRANSPORT=cuda:staged moves CUDA tensors through host memory"
     return f"{wanted} does not carry {device} tensors"

@@ -24,7 +24,7 @@ def staged(tensor: torch.Tensor, after: After, copy_in: bool = True) -> torch.Te
     """A contiguous tensor to communicate through; copies back when it is a stand-in."""
     if tensor.is_contiguous():
         return tensor
-    stage = tensor.contiguous() if copy_in else torch.empty(tensor.shape, dtype=tensor.dtype)
+    stage = tensor.contiguous() if copy_in else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     after.append(lambda: tensor.copy_(stage))
     return stage
 

@@ -22,9 +22,10 @@ Dtype and reduction mapping, and what UCC's CPU code lacks, are in
 :mod:`hpccomm.transports.ucc_types`. Staging, premultiplying and averaging
 are shared with the MPI transport (:mod:`hpccomm.transports.staging`).
 
-Host memory only for now: every buffer description carries the transport's
-memory type, so device memory (``UCC_MEMORY_TYPE_CUDA``, with execution
-engines on CUDA streams) plugs in here later.
+Every buffer description carries the transport's memory type and every
+temporary is made on the transport's device: device memory
+(``UCC_MEMORY_TYPE_CUDA``) is this transport with two hooks overridden
+(:mod:`hpccomm.transports.ucc_cuda`).
 
 Teardown follows UCC's order: requests are finalized as they end; a group's
 team is destroyed when the group is, unless an operation on it never
@@ -89,23 +90,31 @@ class UCCPending:
 
 
 class UCCTransport(Transport):
-    """Collectives on one UCC team (host memory); point-to-point on the group's MPI communicator.
+    """Collectives on one UCC team; point-to-point on the group's MPI communicator.
 
-    Build it with :meth:`for_group`, on every rank of the group at once.
+    Build it with :meth:`for_group`, on every rank of the group at once. On
+    host memory as it is; :class:`~hpccomm.transports.ucc_cuda.UCCCudaTransport`
+    is this transport on device memory, through its two hooks, :meth:`_post`
+    and :meth:`_pending`.
 
     Args:
         team: the group's team.
-        p2p: point-to-point, on the group's MPI communicator.
+        p2p: point-to-point, on the group's MPI communicator (for device
+            tensors, through host memory).
+        device: where the tensors live (default: host memory); temporaries are
+            made there.
     """
 
-    def __init__(self, team: Team, p2p: MPITransport) -> None:
+    def __init__(self, team: Team, p2p: Transport, device: torch.device | None = None) -> None:
         self._team = team
         self._p2p = p2p
+        self._device = device if device is not None else torch.device("cpu")
         self._size = team.size
         self._rank = team.rank
         binding = team.binding
         self._ffi, self._lib = binding.ffi, binding.lib
-        self._mem_type = self._lib.UCC_MEMORY_TYPE_HOST
+        on_device = self._device.type == "cuda"
+        self._mem_type = self._lib.UCC_MEMORY_TYPE_CUDA if on_device else self._lib.UCC_MEMORY_TYPE_HOST
         # Hot-path lookups held here: each attribute lookup through the binding costs.
         self._voidp = self._ffi.typeof("void *")
         self._cast = self._ffi.cast
@@ -132,11 +141,28 @@ class UCCTransport(Transport):
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
         return cls(team, p2p)
 
+    def communicators(self) -> list[Any]:
+        return self._p2p.communicators()
+
     def close(self, in_flight: bool = False) -> None:
         if self._team is not None:
             self._team.destroy(in_flight)
             self._team = None
             self._p2p.close(in_flight)
+
+    # -- the hooks a device-memory transport overrides --------------------
+
+    def _post(self, args: Any, keep: Any) -> Request:
+        """Initialise and post one collective on the team."""
+        return self._team.post(args, keep)
+
+    def _pending(self, requests: list[Request], after: After, what: str) -> Pending:
+        """The Pending of an operation made of ``requests``, then the local steps ``after``."""
+        return UCCPending(requests, after, what)
+
+    def _reduction(self, op_name: str, reduction: Reduction, dtype: torch.dtype) -> ucc_types.UCCReduction:
+        on_device = self._mem_type != self._lib.UCC_MEMORY_TYPE_HOST
+        return ucc_types.reduction(self._lib, op_name, reduction, dtype, on_device)
 
     # -- building arguments ------------------------------------------------
 
@@ -189,7 +215,7 @@ class UCCTransport(Transport):
         work = staged(tensor, after, copy_in)
         steps: After = []
         if red.widen_to is not None:
-            wide = work.to(red.widen_to) if copy_in else torch.empty(work.shape, dtype=red.widen_to)
+            wide = work.to(red.widen_to) if copy_in else torch.empty_like(work, dtype=red.widen_to)
             steps.append(_copier(work, wide))
             work = wide
         if copy_in:
@@ -207,36 +233,36 @@ class UCCTransport(Transport):
                 info = plan[2]
                 info.buffer = self._cast(self._voidp, tensor.data_ptr())
                 info.count = tensor.numel()
-                return UCCPending([self._team.post(plan[1], tensor)], (), "all_reduce")
+                return self._pending([self._post(plan[1], tensor)], (), "all_reduce")
         requests: list[Request] = []
         after: After = []
         for tensor in tensors:
-            red = ucc_types.reduction(self._lib, "all_reduce", reduction, tensor.dtype)
+            red = self._reduction("all_reduce", reduction, tensor.dtype)
             work = self._reduced_in(tensor, red, after)
             if not work.numel():
                 continue
             args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
             args.op = red.op
             self._info(args.dst.info, work, red.datatype)
-            requests.append(self._team.post(args, work))
+            requests.append(self._post(args, work))
             if len(tensors) == 1 and red.widen_to is None and not red.divide_by_size and red.premul_factor is None:
                 # UCC copied the args when it took them: kept for ``reduction``,
                 # later calls set only the buffer and count.
                 self._allreduce_plans[id(reduction)] = (reduction, args, args.dst.info)
-        return UCCPending(requests, after, "all_reduce")
+        return self._pending(requests, after, "all_reduce")
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> UCCPending:
         after: After = []
         work = staged(tensor, after)
         if not work.numel():
-            return UCCPending([], after, "broadcast")
+            return self._pending([], after, "broadcast")
         args = self._args(self._lib.UCC_COLL_TYPE_BCAST)
         args.root = root
         self._info(args.src.info, work)
-        return UCCPending([self._team.post(args, work)], after, "broadcast")
+        return self._pending([self._post(args, work)], after, "broadcast")
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> UCCPending:
-        red = ucc_types.reduction(self._lib, "reduce", reduction, tensor.dtype)
+        red = self._reduction("reduce", reduction, tensor.dtype)
         after: After = []
         if self._rank == root:
             work = self._reduced_in(tensor, red, after)
@@ -247,28 +273,28 @@ class UCCTransport(Transport):
             args = self._args(self._lib.UCC_COLL_TYPE_REDUCE)
             self._info(args.src.info, work, red.datatype)
         if not work.numel():
-            return UCCPending([], after, "reduce")
+            return self._pending([], after, "reduce")
         args.root = root
         args.op = red.op
-        return UCCPending([self._team.post(args, work)], after, "reduce")
+        return self._pending([self._post(args, work)], after, "reduce")
 
     # -- gathers and scatters ---------------------------------------------
 
     def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> UCCPending:
         counts = [out.numel() for out in outputs]
         send = tensor.contiguous()
-        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        flat = torch.empty(sum(counts), dtype=tensor.dtype, device=self._device)
         args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHERV, self._vector_flags())
         self._info(args.src.info, send)
         arrays = self._info_v(args.dst.info_v, flat, counts)
-        request = self._team.post(args, (send, flat, arrays))
-        return UCCPending([request], [scatter_back(flat, outputs)], "all_gather")
+        request = self._post(args, (send, flat, arrays))
+        return self._pending([request], [scatter_back(flat, outputs)], "all_gather")
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> UCCPending:
         after: After = []
         recv = staged(output, after, copy_in=False)
         if not recv.numel():
-            return UCCPending([], after, "all_gather_into_tensor")
+            return self._pending([], after, "all_gather_into_tensor")
         send = tensor.contiguous()
         if send.data_ptr() == recv.data_ptr() + self._rank * send.nbytes:
             # In place, as FSDP2 calls it: the input is this rank's slot of the output.
@@ -278,7 +304,7 @@ class UCCTransport(Transport):
             args = self._args(self._lib.UCC_COLL_TYPE_ALLGATHER)
             self._info(args.src.info, send)
         self._info(args.dst.info, recv)
-        return UCCPending([self._team.post(args, (send, recv))], after, "all_gather_into_tensor")
+        return self._pending([self._post(args, (send, recv))], after, "all_gather_into_tensor")
 
     def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> UCCPending:
         send = tensor.contiguous()
@@ -286,12 +312,12 @@ class UCCTransport(Transport):
         args.root = root
         self._info(args.src.info, send)
         if outputs is None:
-            return UCCPending([self._team.post(args, send)], (), "gather")
+            return self._pending([self._post(args, send)], (), "gather")
         counts = [out.numel() for out in outputs]
-        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        flat = torch.empty(sum(counts), dtype=tensor.dtype, device=self._device)
         arrays = self._info_v(args.dst.info_v, flat, counts)
-        request = self._team.post(args, (send, flat, arrays))
-        return UCCPending([request], [scatter_back(flat, outputs)], "gather")
+        request = self._post(args, (send, flat, arrays))
+        return self._pending([request], [scatter_back(flat, outputs)], "gather")
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> UCCPending:
         # UCC's tl/ucp has no plain SCATTER: SCATTERV with equal counts.
@@ -304,10 +330,10 @@ class UCCTransport(Transport):
         if inputs is not None:
             flat = concat(inputs, output.dtype)
             keep = (recv, flat, self._info_v(args.src.info_v, flat, [t.numel() for t in inputs]))
-        return UCCPending([self._team.post(args, keep)], after, "scatter")
+        return self._pending([self._post(args, keep)], after, "scatter")
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
-        red = ucc_types.reduction(self._lib, "reduce_scatter", reduction, output.dtype)
+        red = self._reduction("reduce_scatter", reduction, output.dtype)
         counts = [t.numel() for t in inputs]
         send = concat(inputs, output.dtype)
         if red.widen_to is not None:
@@ -320,20 +346,20 @@ class UCCTransport(Transport):
         self._info(args.src.info, send, red.datatype)
         arrays = self._info_v(args.dst.info_v, recv, counts)
         args.dst.info_v.datatype = red.datatype
-        return UCCPending([self._team.post(args, (send, recv, arrays))], after, "reduce_scatter")
+        return self._pending([self._post(args, (send, recv, arrays))], after, "reduce_scatter")
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> UCCPending:
-        red = ucc_types.reduction(self._lib, "reduce_scatter_tensor", reduction, tensor.dtype)
+        red = self._reduction("reduce_scatter_tensor", reduction, tensor.dtype)
         after: After = []
         recv = self._reduced_in(output, red, after, copy_in=False)
         if not recv.numel():
-            return UCCPending([], after, "reduce_scatter_tensor")
+            return self._pending([], after, "reduce_scatter_tensor")
         send = unaliased(_sent(tensor, red), recv)
         args = self._args(self._lib.UCC_COLL_TYPE_REDUCE_SCATTER)
         args.op = red.op
         self._info(args.src.info, send, red.datatype)
         self._info(args.dst.info, recv, red.datatype)
-        return UCCPending([self._team.post(args, (send, recv))], after, "reduce_scatter_tensor")
+        return self._pending([self._post(args, (send, recv))], after, "reduce_scatter_tensor")
 
     # -- all-to-all ---------------------------------------------------------
 
@@ -341,9 +367,9 @@ class UCCTransport(Transport):
         dtype = outputs[0].dtype
         send = concat(inputs, dtype)
         recv_counts = [t.numel() for t in outputs]
-        flat = torch.empty(sum(recv_counts), dtype=dtype)
+        flat = torch.empty(sum(recv_counts), dtype=dtype, device=self._device)
         request = self._alltoallv(send, [t.numel() for t in inputs], flat, recv_counts)
-        return UCCPending([request], [scatter_back(flat, outputs)], "all_to_all")
+        return self._pending([request], [scatter_back(flat, outputs)], "all_to_all")
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
@@ -351,7 +377,7 @@ class UCCTransport(Transport):
         after: After = []
         recv = staged(output, after, copy_in=False)
         send = unaliased(tensor.contiguous(), recv)
-        return UCCPending([self._alltoallv(send, input_counts, recv, output_counts)], after, "all_to_all_single")
+        return self._pending([self._alltoallv(send, input_counts, recv, output_counts)], after, "all_to_all_single")
 
     def _alltoallv(
         self, send: torch.Tensor, send_counts: Sequence[int], recv: torch.Tensor, recv_counts: Sequence[int]
@@ -359,12 +385,12 @@ class UCCTransport(Transport):
         args = self._args(self._lib.UCC_COLL_TYPE_ALLTOALLV, self._vector_flags())
         sent = self._info_v(args.src.info_v, send, send_counts)
         received = self._info_v(args.dst.info_v, recv, recv_counts)
-        return self._team.post(args, (send, recv, sent, received))
+        return self._post(args, (send, recv, sent, received))
 
     # -- synchronisation and point-to-point ---------------------------------
 
     def barrier(self) -> UCCPending:
-        return UCCPending([self._team.post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
+        return self._pending([self._post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
         return self._p2p.send(tensor, peer, tag)

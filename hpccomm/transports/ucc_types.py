@@ -7,10 +7,11 @@ posted: UCC 1.8 accepts an unknown reduction op without complaint, and
 reports a reduction its CPU code lacks as *complete* (leaving the data
 unreduced), so an unchecked pair would return wrong numbers silently.
 
-* float16 and bfloat16 are reduced as float32 copies and rounded back once
-  (to nearest-even, by torch): UCC's CPU code has no float16 reduction, and
-  its bfloat16 reduction truncates instead of rounding (bf16 1 + 3/256 gives
-  1.0078125 where torch gives 1.015625).
+* float16 and bfloat16 on host memory are reduced as float32 copies and
+  rounded back once (to nearest-even, by torch): UCC's CPU code has no
+  float16 reduction, and its bfloat16 reduction truncates instead of rounding
+  (bf16 1 + 3/256 gives 1.0078125 where torch gives 1.015625). On device
+  memory UCC's CUDA reductions (``ec/cuda``) take them as they are.
 * bool travels as uint8 0/1, where SUM/MAX mean "or" and PRODUCT/MIN "and".
 * AVG: UCC's own AVG for floating and complex all-reduce and reduce; else
   SUM then a division by hpccomm: UCC's reduce-scatter has no AVG, and UCC
@@ -104,7 +105,7 @@ def _by_width(lib: Any, itemsize: int, dtype: torch.dtype) -> int:
 _NATIVE_AVG = ("all_reduce", "reduce")
 
 
-def reduction(lib: Any, op_name: str, red: Reduction, dtype: torch.dtype) -> UCCReduction:
+def reduction(lib: Any, op_name: str, red: Reduction, dtype: torch.dtype, on_device: bool = False) -> UCCReduction:
     """Map a validated torch reduction (:func:`~hpccomm.transports.mpi_types.reduction`) onto UCC.
 
     Args:
@@ -113,19 +114,20 @@ def reduction(lib: Any, op_name: str, red: Reduction, dtype: torch.dtype) -> UCC
             which decides whether UCC averages, and names it in errors.
         red: the reduction the front made (its kind is SUM for AVG and PREMUL_SUM).
         dtype: the tensor's dtype.
+        on_device: the tensor is in device memory, where 16-bit floats are reduced natively.
 
     Raises:
         ValueError: UCC cannot reduce ``dtype`` this way.
     """
     if red.premul_factor is not None:
-        plain = _plain(lib, op_name, RedOpType.SUM, False, dtype)
+        plain = _plain(lib, op_name, RedOpType.SUM, False, dtype, on_device)
         return UCCReduction(plain.op, plain.datatype, plain.widen_to, premul_factor=red.premul_factor)
-    return _plain(lib, op_name, red.kind, red.divide_by_size, dtype)
+    return _plain(lib, op_name, red.kind, red.divide_by_size, dtype, on_device)
 
 
 @cache
-def _plain(lib: Any, op_name: str, kind: Any, average: bool, dtype: torch.dtype) -> UCCReduction:
-    widen_to = WIDENED.get(dtype)
+def _plain(lib: Any, op_name: str, kind: Any, average: bool, dtype: torch.dtype, on_device: bool) -> UCCReduction:
+    widen_to = None if on_device else WIDENED.get(dtype)
     wire = widen_to or dtype
     ops = {
         RedOpType.SUM: lib.UCC_OP_SUM,
@@ -144,7 +146,7 @@ def _plain(lib: Any, op_name: str, kind: Any, average: bool, dtype: torch.dtype)
         return UCCReduction(ops[kind], datatype(lib, wire), divide_by_size=average)
     native = average and op_name in _NATIVE_AVG
     op = lib.UCC_OP_AVG if native else ops.get(kind)
-    if wire in _FLOATS and kind in _ORDERED:
+    if (wire in _FLOATS or wire in WIDENED) and kind in _ORDERED:
         return UCCReduction(op, datatype(lib, wire), widen_to, divide_by_size=average and not native)
     if wire in _COMPLEX and kind in (RedOpType.SUM, RedOpType.PRODUCT):
         return UCCReduction(op, datatype(lib, wire), divide_by_size=average and not native)

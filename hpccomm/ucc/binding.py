@@ -124,6 +124,41 @@ def _mapped(fragment: str) -> str | None:
     return None
 
 
+def cuda_support() -> str | None:
+    """Why the UCC loaded here cannot carry CUDA memory, or None where it can. Loads the binding.
+
+    UCC needs its CUDA memory and execution components (``lib/ucc/libucc_mc_cuda``,
+    ``libucc_ec_cuda``), and a team layer for device memory: tl/nccl, or tl/ucp
+    over a UCX with CUDA transports (``ucx/libuct_cuda`` beside the ``libucp``
+    loaded; the MPI wheels bundle a UCX without them).
+    """
+    found = status()
+    if not found.available:
+        return found.reason
+    components = os.path.join(os.path.dirname(found.library or ""), "ucc")
+    missing = [name for name in ("libucc_mc_cuda.so", "libucc_ec_cuda.so") if not _exists(components, name)]
+    if missing:
+        return (
+            f"the UCC loaded ({found.library}) was built without CUDA (no {' or '.join(missing)} in {components}): "
+            "build UCC with --with-cuda (tests/gpu/build_ucc.sh shows how)"
+        )
+    ucx_cuda = found.ucx is not None and _exists(os.path.join(os.path.dirname(found.ucx), "ucx"), "libuct_cuda.so")
+    if not ucx_cuda and not _exists(components, "libucc_tl_nccl.so"):
+        return (
+            f"the UCX loaded ({found.ucx}) has no CUDA transports (no ucx/libuct_cuda.so beside it) and UCC has no "
+            "tl/nccl: put a CUDA-enabled UCX (the libucx-cu12/cu13 wheels' libucx/lib) first on LD_LIBRARY_PATH"
+        )
+    return None
+
+
+def _exists(directory: str, name: str) -> bool:
+    """Whether ``directory`` holds ``name`` or a versioned file of it (``name.1``...)."""
+    try:
+        return any(entry == name or entry.startswith(name + ".") for entry in os.listdir(directory))
+    except OSError:
+        return False
+
+
 def built() -> bool:
     """Whether this installation carries the binding (without loading it)."""
     from importlib.util import find_spec

@@ -1,0 +1,374 @@
+"""UCC on device memory: each collective posted once the caller's stream has produced its inputs.
+
+The host-gated design (``../shared/CUDA-NOTES.md``, design (a)): no kernel of
+hpccomm's sits on the caller's streams, any UCC team layer (tl/ucp over UCX's
+CUDA transports, tl/cuda, tl/nccl) can serve, and a peer that never arrives
+becomes a timeout, not a wedged stream. One operation, in order:
+
+1. on the caller's thread, the collective is built as on host memory
+   (:class:`~hpccomm.transports.ucc.UCCTransport`): its stand-ins and
+   premultiplied inputs are kernels on the caller's stream; its UCC request is
+   initialised, in call order as on every rank, and an event is recorded on
+   the caller's stream after that work;
+2. once the event has completed, the request is posted; posts follow the
+   order of initialisation (:class:`~hpccomm.transports.call_order.CallOrder`),
+   whichever thread gets there;
+3. UCC moves the device memory; the Pending progresses the context;
+4. once every request has completed, the local steps (copies back from
+   stand-ins, AVG's division) are queued on the side stream, and the
+   operation completes when they have landed. ``Work.wait()`` therefore blocks
+   the host until the results are in place (nothing on a stream stands for
+   the end of a collective posted this way). A blocking call ends at step 4
+   with the local steps queued on the caller's own stream, as on the staged
+   path.
+
+The tensors, the stand-ins and UCC's count arrays stay referenced until the
+requests have ended, so the caching allocator cannot hand their memory out
+while UCC reads or writes it. Every thread that posts or progresses binds the
+group's device and its CUDA context first (:meth:`DeviceOps.bind_thread`):
+hpccomm's progress thread starts without one.
+
+The ordering goes through the :class:`~hpccomm.transports.device_ops.DeviceOps`
+seam, so it is tested without a GPU (``tests/test_ucc_cuda.py``: scripted
+requests, and real UCC on host memory, both with the tests' simulated device).
+Point-to-point and barriers go through the staged path
+(``HostStagedTransport``): UCC has no point-to-point calls and the MPI here
+need not be CUDA-aware. :class:`BySize` routes small collectives there too,
+up to ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
+
+``HPCCOMM_UCC_TRIGGERED=1`` posts on an execution engine over the side stream
+instead (design (b), :meth:`UCCCudaTransport._post`): the side stream waits on
+the caller's event, UCC starts the collective when the stream gets there and
+holds the stream until it has ended, and the local steps follow on it. A
+blocking call's stream then waits on a fence after them; the host still
+polls UCC's requests until they end (no other thread would progress them).
+Off by default: it has not run on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..ucc import Request, Team, UCCError
+from ..ucc.binding import cuda_support
+from ..work import Pending
+from . import Transport
+from .call_order import CallOrder
+from .device_ops import DeviceOps
+from .mpi_types import Reduction
+from .staging import After
+from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
+
+
+class GatedPost:
+    """A request waiting in the :class:`~hpccomm.transports.call_order.CallOrder` for the caller's stream.
+
+    Args:
+        request: initialised, not posted.
+        ready: an event recorded on the caller's stream after the work that produces the inputs.
+        ops: the device the event belongs to.
+    """
+
+    def __init__(self, request: Request, ready: Any, ops: DeviceOps) -> None:
+        self._request = request
+        self._ready = ready
+        self._ops = ops
+
+    def ready(self) -> bool:
+        return self._ops.query(self._ready)
+
+    def post(self) -> None:
+        try:
+            self._request.post()
+        except UCCError:
+            pass  # the request has ended with the error: its Pending raises it
+
+
+class GatedPending:
+    """One UCC operation on device memory, from its post to its results in place (steps 2-4 above).
+
+    Args:
+        order: the queue that posts the operation's requests.
+        ticket: the queue's ticket of the operation's last request.
+        ops: the device's streams and events.
+        requests: the operation's requests (``test`` and ``finish``: a :class:`UCCPending`).
+        after: local steps once they have completed (kernels, queued on a stream).
+    """
+
+    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, requests: Pending, after: After) -> None:
+        self._order = order
+        self._ticket = ticket
+        self._ops = ops
+        self._requests = requests
+        self._after = after
+        self._landed: Any = None
+        self._error: BaseException | None = None
+
+    def test(self) -> bool:
+        if self._landed is not None:
+            return self._ops.query(self._landed)
+        if not self._ended():
+            return False
+        side = self._ops.side_stream()
+        if self._error is None and self._after:
+            self._ops.call_on(side, self._run_after)
+        self._landed = self._ops.record(side)
+        return self._ops.query(self._landed)
+
+    def test_inline(self) -> bool:
+        """:meth:`test` for a blocking call: done once the local steps are queued on the caller's stream."""
+        if not self._ended():
+            return False
+        if self._error is None and self._after:
+            self._ops.call_on(self._ops.current_stream(), self._run_after)
+        return True
+
+    def finish(self) -> None:
+        error, self._error = self._error, None
+        self._requests = None  # type: ignore[assignment]  # and with it the tensors
+        if error is not None:
+            raise error
+
+    def _ended(self) -> bool:
+        """True once every request has been posted and has ended (an error is kept for :meth:`finish`)."""
+        self._ops.bind_thread()
+        if not self._order.reached(self._ticket) or not self._requests.test():
+            return False
+        try:
+            self._requests.finish()  # raises the first failed request's UCCError
+        except Exception as exc:
+            self._error = exc
+        return True
+
+    def _run_after(self) -> None:
+        for step in self._after:
+            step()
+
+
+class UCCCudaTransport(UCCTransport):
+    """:class:`UCCTransport` on CUDA memory, posted host-gated (the module docstring).
+
+    Build it with :meth:`for_group`, on every rank of the group at once.
+
+    Args:
+        team: the group's team.
+        staged: the group's staged transport, for point-to-point (not closed here: it belongs to :class:`BySize`).
+        ops: the device's streams and events.
+        device: the group's device (host memory for the tests' simulated device).
+        triggered: post on an execution engine on the side stream (design (b)).
+    """
+
+    def __init__(
+        self, team: Team, staged: Transport, ops: DeviceOps, device: torch.device, triggered: bool = False
+    ) -> None:
+        super().__init__(team, staged, device)
+        self.ops = ops
+        #: Requests initialised and waiting for the caller's stream, posted in call order.
+        self.order = CallOrder()
+        self._engine = _engine(team, ops) if triggered else None
+
+    @classmethod
+    def for_group(  # type: ignore[override]
+        cls, comm: Any, global_ranks: Sequence[int], timeout_s: float, staged: Transport, ops: DeviceOps,
+        device: torch.device, triggered: bool = False,
+    ) -> UCCCudaTransport:
+        """The transport for the group on ``comm`` (handed over: the team frees it). Collective.
+
+        Raises:
+            RuntimeError: this UCC cannot carry CUDA memory (the message names what is missing).
+        """
+        if device.type == "cuda":
+            missing = cuda_support()
+            if missing is not None:
+                raise RuntimeError(f"hpccomm: UCC cannot carry CUDA tensors here: {missing}")
+            # UCX's memory-type cache made tl/ucp crash on CUDA memory (uct_mm_ep_am_short, H100,
+            # UCX 1.22): off unless the user chose. Read when the UCC context is made.
+            os.environ.setdefault("UCX_MEMTYPE_CACHE", "n")
+        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
+        return cls(team, staged, ops, device, triggered)
+
+    def close(self, in_flight: bool = False) -> None:
+        # The staged transport is closed by its owner; an unposted request counts as in flight.
+        if self._team is not None:
+            self._team.destroy(in_flight or len(self.order) > 0)
+            self._team = None
+
+    # -- the hooks --------------------------------------------------------------------
+
+    def _post(self, args: Any, keep: Any) -> Request:
+        """Initialise now, in call order; queue the post behind the caller's stream (or trigger it on the engine)."""
+        ops = self.ops
+        ops.check_can_stage("collective")
+        ops.bind_thread()
+        try:
+            request = self._team.post(args, keep, post=False)
+        except UCCError as exc:
+            raise _unsupported(exc, self._lib) from exc
+        if self._engine is not None:
+            ops.wait_event(ops.side_stream(), ops.record(ops.current_stream()))
+            request.post_on(self._engine)
+        else:
+            self.order.add(GatedPost(request, ops.record(ops.current_stream()), ops))
+        return request
+
+    def _pending(self, requests: list[Request], after: After, what: str) -> Pending:
+        if self._engine is not None:
+            return self._triggered_pending(requests, after, what)
+        return GatedPending(self.order, self.order.queued, self.ops, UCCPending(requests, (), what), after)
+
+    def _triggered_pending(self, requests: list[Request], after: After, what: str) -> Pending:
+        """Design (b): the local steps follow on the side stream, behind UCC's hold; the caller's stream waits."""
+        side = self.ops.side_stream()
+        if after:
+            self.ops.call_on(side, lambda: [step() for step in after])
+        return TriggeredPending(self.ops, UCCPending(requests, (), what), self.ops.record(side))
+
+
+def _engine(team: Team, ops: DeviceOps) -> Any:
+    """The execution engine on the side stream, for ``HPCCOMM_UCC_TRIGGERED``; a refusal says what to do."""
+    try:
+        return team.execution_engine(ops.side_stream().cuda_stream)
+    except UCCError as exc:
+        raise RuntimeError(
+            f"hpccomm: HPCCOMM_UCC_TRIGGERED=1 needs UCC's CUDA execution engine ({exc}); unset it to post "
+            "host-gated"
+        ) from exc
+
+
+class TriggeredPending:
+    """A triggered operation: done for the host once UCC's requests have ended and the side stream passed ``fence``.
+
+    ``test_inline`` (a blocking call) ends once the caller's stream waits on
+    ``fence``: stream semantics, the host does not block on the collective.
+    """
+
+    def __init__(self, ops: DeviceOps, requests: UCCPending, fence: Any) -> None:
+        self._ops = ops
+        self._requests = requests
+        self._fence = fence
+        self._error: BaseException | None = None
+
+    def test(self) -> bool:
+        self._ops.bind_thread()
+        if not self._requests.test():
+            return False
+        return self._ops.query(self._fence)
+
+    def test_inline(self) -> bool:
+        # The caller's stream waits on the fence; the host still polls until UCC's requests
+        # have ended, as no other thread progresses a blocking call's requests.
+        if not self.test():
+            return False
+        self._ops.wait_event(self._ops.current_stream(), self._fence)
+        return True
+
+    def finish(self) -> None:
+        self._requests.finish()
+
+
+class BySize(Transport):
+    """Device collectives up to ``staged_max_bytes`` through host memory, larger ones on UCC.
+
+    Every rank must choose the same path for one operation, so each choice
+    rests on a size every rank sees alike: the tensor of an all-reduce,
+    broadcast, reduce, gather or scatter, the (common) output of an all-gather
+    or input of a reduce-scatter. All-to-all (whose sizes differ by rank) goes
+    to UCC; point-to-point and barriers go through host memory.
+
+    Args:
+        staged: the host-staged transport (owned: closed here).
+        ucc: the UCC transport on device memory (owned).
+        staged_max_bytes: the largest message that goes through host memory.
+    """
+
+    def __init__(self, staged: Transport, ucc: Transport, staged_max_bytes: int) -> None:
+        self.staged = staged
+        self.ucc = ucc
+        self._limit = staged_max_bytes
+
+    def _by(self, nbytes: int) -> Transport:
+        return self.staged if nbytes <= self._limit else self.ucc
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._by(sum(t.nbytes for t in tensors)).allreduce(tensors, reduction)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        return self._by(tensor.nbytes).broadcast(tensor, root)
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        return self._by(tensor.nbytes).reduce(tensor, root, reduction)
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        return self._by(tensor.nbytes * len(outputs)).allgather(outputs, tensor)
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        return self._by(output.nbytes).allgather_into(output, tensor)
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        return self._by(tensor.nbytes).gather(outputs, tensor, root)
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        return self._by(output.nbytes).scatter(output, inputs, root)
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._by(sum(t.nbytes for t in inputs)).reduce_scatter(output, inputs, reduction)
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        return self._by(tensor.nbytes).reduce_scatter_from(output, tensor, reduction)
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        return self.ucc.alltoall(outputs, inputs)
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        return self.ucc.alltoall_single(output, tensor, output_counts, input_counts)
+
+    def barrier(self) -> Pending:
+        return self.staged.barrier()
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self.staged.send(tensor, peer, tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self.staged.recv(tensor, peer, tag)
+
+    def communicators(self) -> list[Any]:
+        return self.staged.communicators()
+
+    def close(self, in_flight: bool = False) -> None:
+        self.ucc.close(in_flight)
+        self.staged.close(in_flight)
+
+
+def cuda_transport(
+    comm: Any, global_ranks: Sequence[int], timeout_s: float, staged: Transport, ops: DeviceOps,
+    device: torch.device, staged_max_bytes: int, triggered: bool = False,
+) -> BySize:
+    """The group's CUDA transport: UCC on device memory, host memory up to ``staged_max_bytes``. Collective.
+
+    Args:
+        comm: a communicator of the group's, handed over to UCC's team.
+        global_ranks: the world rank of each group rank.
+        timeout_s: how long the team's creation waits for the other ranks.
+        staged: the group's host-staged transport (handed over).
+        ops: the device's streams and events.
+        device: the group's device.
+        staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
+        triggered: ``HPCCOMM_UCC_TRIGGERED``.
+    """
+    ucc = UCCCudaTransport.for_group(comm, global_ranks, timeout_s, staged, ops, device, triggered)
+    return BySize(staged, ucc, staged_max_bytes)
+
+
+def _unsupported(error: UCCError, lib: Any) -> Exception:
+    """A UCC refusal to initialise on device memory, as one error that names what is missing."""
+    if error.status != lib.UCC_ERR_NOT_SUPPORTED:
+        return error
+    missing = cuda_support() or "no UCC team layer offers this collective on CUDA memory (UCC_COLL_TRACE=info tells)"
+    return RuntimeError(f"hpccomm: UCC cannot run this collective on CUDA memory: {missing} ({error})")
+

@@ -6,7 +6,7 @@ tests first; complete only once the results have landed; keep every tensor
 until then; fail (not hang) on errors, timeouts and aborts. These tests drive
 the transport through the DeviceOps seam with tests/fake_device.py, whose
 streams a test can hold, and a scripted host transport; the every-op values
-with real MPI are tests/ranks/host_staged.py (below); on a GPU, tests/gpu.
+with real MPI are tests/ranks/device_paths.py (below); on a GPU, tests/gpu.
 """
 
 from __future__ import annotations
@@ -243,8 +243,8 @@ def test_close_closes_the_host_transport():
 @pytest.mark.parametrize("nprocs", [2, 3])
 def test_every_operation_through_host_memory_with_mpi(nprocs):
     # Real MPI under the staged transport, the device simulated: values of every op, async
-    # interleaving, and one rank's inputs delayed while the others post.
-    assert_all_ranks_ok(run_ranks(nprocs, "host_staged.py"), nprocs)
+    # interleaving, one rank's inputs delayed while the others post, completion only once landed.
+    assert_all_ranks_ok(run_ranks(nprocs, "device_paths.py"), nprocs)
 
 
 # -- routing on a machine without a GPU ----------------------------------------------------

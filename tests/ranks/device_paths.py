@@ -1,14 +1,19 @@
-"""Every operation of the host-staged device path, over real MPI, the device simulated (tests/fake_device.py).
+"""Every operation of the device paths, over real MPI or UCC, the device simulated (tests/fake_device.py).
 
 The "device" tensors are CPU tensors behind FakeDevice's streams, so the
-copies out and back, the call-order posting and the completion rule run as
-on a GPU, while MPI (the group's, duplicated) moves the host buffers.
-Values are checked on every rank. Usage: host_staged.py [name-filter]
+ordering and completion rules run as on a GPU. ``DEVICE_PATH=staged`` (the
+default): the host-staged path, MPI (the group's, duplicated) moving the host
+buffers. ``DEVICE_PATH=ucc``: UCC's host-gated path (hpccomm/transports/
+ucc_cuda.py) on UCC's host memory, with every collective on UCC (point-to-point
+and barriers staged, as on a GPU). Values are checked on every rank.
+Usage: device_paths.py [name-filter]
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -21,6 +26,7 @@ from fake_device import FakeDevice  # noqa: E402
 from hpccomm import world  # noqa: E402
 from hpccomm.front import front_of  # noqa: E402
 from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
+from hpccomm.transports.ucc_cuda import BySize, UCCCudaTransport  # noqa: E402
 from hpccomm.transports.mpi import MPITransport  # noqa: E402
 from hpccomm.transports.mpi_types import reduction  # noqa: E402
 from hpccomm.work import HpcWork, Pending, complete_inline  # noqa: E402
@@ -31,6 +37,14 @@ RANK, SIZE = dist.get_rank(), dist.get_world_size()
 GROUP = front_of(dist.group.WORLD)
 DEVICE = FakeDevice()
 STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
+ON_UCC = os.environ.get("DEVICE_PATH", "staged") == "ucc"
+if ON_UCC:
+    GATED = UCCCudaTransport.for_group(
+        world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE, torch.device("cpu")
+    )
+    TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0)
+else:
+    TRANSPORT = STAGED
 _seq = 0
 
 
@@ -57,17 +71,17 @@ def ranks_sum(base: float) -> float:
 def all_reduce_sum_avg_max_and_16_bit() -> None:
     x = torch.arange(12, dtype=torch.float32).view(3, 4).t()  # not contiguous
     x += RANK
-    done(STAGED.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
+    done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
     expected = torch.arange(12, dtype=torch.float32).view(3, 4).t() * SIZE + sum(range(SIZE))
     assert torch.equal(x, expected), x
     y = torch.full((5,), float(RANK), dtype=torch.float64)
-    done(STAGED.allreduce([y], red(dist.ReduceOp.AVG, y.dtype)))
+    done(TRANSPORT.allreduce([y], red(dist.ReduceOp.AVG, y.dtype)))
     assert torch.allclose(y, torch.full((5,), (SIZE - 1) / 2, dtype=torch.float64)), y
     z = torch.tensor([RANK, -RANK], dtype=torch.int32)
-    done(STAGED.allreduce([z], red(dist.ReduceOp.MAX, z.dtype)))
+    done(TRANSPORT.allreduce([z], red(dist.ReduceOp.MAX, z.dtype)))
     assert z.tolist() == [SIZE - 1, 0], z
     h = torch.ones(7, dtype=torch.bfloat16)
-    done(STAGED.allreduce([h], red(dist.ReduceOp.SUM, h.dtype)))
+    done(TRANSPORT.allreduce([h], red(dist.ReduceOp.SUM, h.dtype)))
     assert h.float().tolist() == [float(SIZE)] * 7, h
 
 
@@ -75,10 +89,10 @@ def all_reduce_sum_avg_max_and_16_bit() -> None:
 def broadcast_and_reduce() -> None:
     root = 1 % SIZE
     x = torch.full((6,), float(RANK))
-    done(STAGED.broadcast(x, root))
+    done(TRANSPORT.broadcast(x, root))
     assert x.tolist() == [float(root)] * 6, x
     y = torch.full((3,), float(RANK + 1))
-    done(STAGED.reduce(y, 0, red(dist.ReduceOp.SUM, y.dtype)))
+    done(TRANSPORT.reduce(y, 0, red(dist.ReduceOp.SUM, y.dtype)))
     if RANK == 0:
         assert y.tolist() == [ranks_sum(1.0)] * 3, y
 
@@ -86,22 +100,22 @@ def broadcast_and_reduce() -> None:
 @check
 def all_gather_both_forms() -> None:
     outs = [torch.zeros(2) for _ in range(SIZE)]
-    done(STAGED.allgather(outs, torch.full((2,), float(RANK))))
+    done(TRANSPORT.allgather(outs, torch.full((2,), float(RANK))))
     assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(SIZE)], outs
     flat = torch.zeros(SIZE * 3)
-    done(STAGED.allgather_into(flat, torch.full((3,), float(RANK))))
+    done(TRANSPORT.allgather_into(flat, torch.full((3,), float(RANK))))
     assert flat.tolist() == [float(r) for r in range(SIZE) for _ in range(3)], flat
 
 
 @check
 def gather_and_scatter() -> None:
     outs = [torch.zeros(2) for _ in range(SIZE)] if RANK == 0 else None
-    done(STAGED.gather(outs, torch.full((2,), float(RANK)), 0))
+    done(TRANSPORT.gather(outs, torch.full((2,), float(RANK)), 0))
     if RANK == 0:
         assert [o.tolist() for o in outs] == [[float(r)] * 2 for r in range(SIZE)], outs
     out = torch.zeros(4)
     inputs = [torch.full((4,), float(r * 10)) for r in range(SIZE)] if RANK == 0 else None
-    done(STAGED.scatter(out, inputs, 0))
+    done(TRANSPORT.scatter(out, inputs, 0))
     assert out.tolist() == [float(RANK * 10)] * 4, out
 
 
@@ -109,50 +123,50 @@ def gather_and_scatter() -> None:
 def reduce_scatter_both_forms() -> None:
     out = torch.zeros(2)
     inputs = [torch.full((2,), float(RANK + r)) for r in range(SIZE)]
-    done(STAGED.reduce_scatter(out, inputs, red(dist.ReduceOp.SUM, out.dtype)))
+    done(TRANSPORT.reduce_scatter(out, inputs, red(dist.ReduceOp.SUM, out.dtype)))
     assert out.tolist() == [ranks_sum(float(RANK))] * 2, out
     out = torch.zeros(3)
-    done(STAGED.reduce_scatter_from(out, torch.ones(3 * SIZE), red(dist.ReduceOp.SUM, out.dtype)))
+    done(TRANSPORT.reduce_scatter_from(out, torch.ones(3 * SIZE), red(dist.ReduceOp.SUM, out.dtype)))
     assert out.tolist() == [float(SIZE)] * 3, out
 
 
 @check
 def all_to_all_both_forms() -> None:
     outs = [torch.zeros(2) for _ in range(SIZE)]
-    done(STAGED.alltoall(outs, [torch.full((2,), float(RANK * 100 + r)) for r in range(SIZE)]))
+    done(TRANSPORT.alltoall(outs, [torch.full((2,), float(RANK * 100 + r)) for r in range(SIZE)]))
     assert [o.tolist() for o in outs] == [[float(r * 100 + RANK)] * 2 for r in range(SIZE)], outs
     sends = [r + 1 for r in range(SIZE)]  # to rank r: r + 1 elements
     receives = [RANK + 1] * SIZE
     out = torch.zeros(sum(receives))
-    done(STAGED.alltoall_single(out, torch.full((sum(sends),), float(RANK)), receives, sends))
+    done(TRANSPORT.alltoall_single(out, torch.full((sum(sends),), float(RANK)), receives, sends))
     assert out.tolist() == [float(r) for r in range(SIZE) for _ in range(RANK + 1)], out
 
 
 @check
 def barrier_send_recv_and_any_source() -> None:
-    done(STAGED.barrier())
+    done(TRANSPORT.barrier())
     right, left = (RANK + 1) % SIZE, (RANK - 1) % SIZE
     sent = torch.full((4,), float(RANK))
     got = torch.zeros(4)
-    send = HpcWork(STAGED.send(sent, right, 3), [sent], label(), 60.0)
-    recv = HpcWork(STAGED.recv(got, left, 3), [got], label(), 60.0)
+    send = HpcWork(TRANSPORT.send(sent, right, 3), [sent], label(), 60.0)
+    recv = HpcWork(TRANSPORT.recv(got, left, 3), [got], label(), 60.0)
     recv.wait()
     send.wait()
     assert got.tolist() == [float(left)] * 4, got
     if RANK == 0:
         anyone = torch.zeros(1)
         for _ in range(SIZE - 1):
-            work = HpcWork(STAGED.recv(anyone, None, 9), [anyone], label(), 60.0)
+            work = HpcWork(TRANSPORT.recv(anyone, None, 9), [anyone], label(), 60.0)
             work.wait()
             assert anyone.item() == float(work._source_rank()) * 2, (anyone, work._source_rank())
     else:
-        done(STAGED.send(torch.full((1,), float(RANK * 2)), 0, 9))
+        done(TRANSPORT.send(torch.full((1,), float(RANK * 2)), 0, 9))
 
 
 @check
 def async_works_waited_out_of_order() -> None:
     tensors = [torch.full((8,), float(RANK + i)) for i in range(4)]
-    works = [HpcWork(STAGED.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0) for t in tensors]
+    works = [HpcWork(TRANSPORT.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0) for t in tensors]
     for work in reversed(works):
         work.wait()
     for i, t in enumerate(tensors):
@@ -167,14 +181,39 @@ def one_ranks_inputs_late_while_the_others_post() -> None:
     if RANK == 0:
         DEVICE.hold(DEVICE.user)
     DEVICE.launch(DEVICE.user, lambda: (a.fill_(1.0 + RANK), b.fill_(100.0 + RANK)))
-    first = HpcWork(STAGED.allreduce([a], red(dist.ReduceOp.SUM, a.dtype)), [a], label(), 60.0)
-    second = HpcWork(STAGED.allreduce([b], red(dist.ReduceOp.SUM, b.dtype)), [b], label(), 60.0)
+    first = HpcWork(TRANSPORT.allreduce([a], red(dist.ReduceOp.SUM, a.dtype)), [a], label(), 60.0)
+    second = HpcWork(TRANSPORT.allreduce([b], red(dist.ReduceOp.SUM, b.dtype)), [b], label(), 60.0)
     if RANK == 0:
         time.sleep(0.3)
+        if ON_UCC:
+            # Initialised in call order, as on every rank; posted only once the stream got there.
+            assert len(GATED.order) == 2, (GATED.order.queued, GATED.order.posted)
         DEVICE.release(DEVICE.user)
     second.wait()
     first.wait()
     assert a.tolist() == [ranks_sum(1.0)] * 3 and b.tolist() == [ranks_sum(100.0)] * 5, (a, b)
+
+
+@check
+def complete_only_once_the_results_have_landed() -> None:
+    # A non-contiguous output comes back from its stand-in on the side stream: held, the work
+    # cannot complete, whatever the communication did; released, the values are in place.
+    x = torch.arange(6, dtype=torch.float32).view(2, 3).t()
+    x += RANK
+    expected = torch.arange(6, dtype=torch.float32).view(2, 3).t() * SIZE + sum(range(SIZE))
+    posted = GATED.order.posted if ON_UCC else 0
+    DEVICE.hold(DEVICE.side)
+    work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 60.0)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        assert not work.is_completed(), "completed while the side stream was held"
+        time.sleep(0.01)
+    DEVICE.release(DEVICE.side)
+    work.wait()
+    assert torch.equal(x, expected), x
+    assert not ON_UCC or GATED.order.posted == posted + 1, "the all-reduce did not go through UCC"
+    # Every thread that posted or tested the device path bound the device first.
+    assert threading.get_ident() in DEVICE.bound_threads or not ON_UCC, DEVICE.bound_threads
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

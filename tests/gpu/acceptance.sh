@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
 # The GPU acceptance command, in two halves.
 #
-#   bash tests/gpu/acceptance.sh prepare [DIR]   here (with PyPI): what the GPU machine cannot download,
-#                                                into DIR (default .gpu-bundle, git-ignored)
-#   bash tests/gpu/acceptance.sh run [DIR]       on the GPU machine, through the device tool:
+#   bash tests/gpu/acceptance.sh prepare [DIR] [UCC_SOURCE]   here (with PyPI): what the GPU machine cannot
+#                                                              download, into DIR (default .gpu-bundle, git-ignored)
+#   bash tests/gpu/acceptance.sh run [DIR]                     on the GPU machine, through the device tool:
 #       run(command="bash tests/gpu/acceptance.sh run", carry=[".gpu-bundle"], timeout_s=600)
 #
-# The GPU machine (../shared/FACTS.md) has a Python 3.12 venv with torch (CUDA) and mpi4py on the
-# system Open MPI, and no network. 'run' installs hpccomm there from this checkout (no dependencies
-# fetched), then writes into $OUT (default ./gpu-out): environment.txt (GPU, torch, MPI, hpccomm's
-# paths and the transport it picks for CUDA), pytest-1.txt and pytest-2.txt (tests/gpu twice: the
-# issue asks for two passes in a row), bench.md (benchmarks/cuda_allreduce.py: hpccomm against Gloo
-# on CUDA tensors, 4 B to 64 MiB), floor.md (benchmarks/cuda_staging_floor.py at 1 and 2 ranks: what
-# staging costs per call on this GPU, and each torch.cuda call's host time). Exit status: that of the
-# test passes. About 2 minutes on an H100 and an H200 (2026-11-26), besides the machine's start.
+# UCC_SOURCE: a UCC source checkout (a git clone of openucx/ucc, e.g. of the mirror `fetch github:openucx/ucc`
+# brings: git clone /work/.mirror/openucx+ucc/repo /tmp/ucc). 'prepare' runs its autogen.sh here (the GPU
+# machine has no libtoolize) and bundles the generated tree with a libucx-cu13 wheel (UCX with CUDA). Without
+# it the bundle has no UCC and 'run' tests the staged path alone. Bundle: about 50 MB with UCC (carry limit 64).
 #
-# CUDA tensors go through host memory today; when UCC's CUDA path exists, 'prepare' also bundles
-# the UCC source and a libucx-cu13 wheel and 'run' builds UCC with CUDA against it first.
+# The GPU machine (../shared/FACTS.md) has a Python 3.12 venv with torch (CUDA) and mpi4py on the system
+# Open MPI, and no network. 'run' builds UCC with CUDA there (tests/gpu/build_ucc.sh, about 2 minutes), installs
+# hpccomm against it from this checkout (no dependencies fetched), then writes into $OUT (default ./gpu-out):
+# environment.txt (GPU, torch, MPI, UCC's CUDA support, the route hpccomm picks for CUDA), ucc-build.txt,
+# pytest-1.txt and pytest-2.txt (tests/gpu twice: every check on the staged path and on UCC),
+# bench-<path>.md (benchmarks/cuda_allreduce.py per path: staged, ucc at every size, auto: hpccomm against
+# Gloo, 4 B to 64 MiB; the crossover for HPCCOMM_CUDA_STAGED_MAX_BYTES is where ucc's column beats staged's),
+# perftest.txt (ucc_perftest all-reduce on CUDA memory, 16 MiB and up, for the busbw ratio), floor.md
+# (benchmarks/cuda_staging_floor.py). Exit status: that of the test passes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -29,33 +32,75 @@ prepare)
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$bundle/wheels" cffi pytest
   ls "$bundle/wheels"/cffi-*-cp312-*.whl "$bundle/wheels"/pytest-*.whl >/dev/null
-  echo "prepared $bundle: $(ls "$bundle/wheels" | tr '\n' ' ')"
+  ucc_src=${3:-}
+  if [ -n "$ucc_src" ]; then
+    # UCX with CUDA 13 transports, for the GPU machine's CUDA 13.
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+      --platform manylinux_2_28_x86_64 -d "$bundle/ucx" "libucx-cu13==1.22.0"
+    work=$(mktemp -d)
+    git -C "$ucc_src" archive --format=tar --prefix=ucc/ HEAD | tar -x -C "$work"
+    # configure.ac numbers the build with `git rev-list`: give the archive the count autogen would read.
+    count=$(git -C "$ucc_src" rev-list HEAD | wc -l)
+    sed -i "s|esyscmd(\[sh -c \"git rev-list HEAD .*\"\])|$count|" "$work/ucc/configure.ac"
+    (cd "$work/ucc" && ./autogen.sh >"$work/autogen.log" 2>&1) || { tail -20 "$work/autogen.log"; exit 1; }
+    tar -czf "$bundle/ucc-source.tar.gz" -C "$work" ucc
+    rm -rf "$work"
+  fi
+  echo "prepared $bundle: $(cd "$bundle" && find . -type f | sort | tr '\n' ' ')"
+  du -sh "$bundle"
   ;;
 run)
   out=${OUT:-$PWD/gpu-out}
   mkdir -p "$out"
   python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest >"$out/install.log" 2>&1
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$out/install.log" 2>&1
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  paths="staged"
+  if [ -f "$bundle/ucc-source.tar.gz" ]; then
+    ucc_tree=$(mktemp -d)
+    tar -xzf "$bundle/ucc-source.tar.gz" -C "$ucc_tree"
+    if bash tests/gpu/build_ucc.sh "$ucc_tree/ucc" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc >"$out/ucc-env.sh" \
+        2>"$out/ucc-build.txt"; then
+      # shellcheck disable=SC1091
+      source "$out/ucc-env.sh"
+      paths="staged ucc"
+    else
+      cat "$out/ucc-env.sh" >>"$out/ucc-build.txt"
+      echo "UCC build failed: testing the staged path alone (see ucc-build.txt)"
+    fi
+  fi
+  python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$out/install.log" 2>&1
   {
     nvidia-smi || true
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
     python3 -m hpccomm info
+    python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
     python3 -c 'import logging, hpccomm; from hpccomm.transports import selection
 logging.basicConfig(level=logging.INFO); print(selection.routes())'
   } >"$out/environment.txt" 2>&1
   status=0
   for pass in 1 2; do
-    python3 -m pytest -v -p no:cacheprovider tests/gpu >"$out/pytest-$pass.txt" 2>&1 || status=1
+    HPCCOMM_GPU_PATHS="$paths" python3 -m pytest -v -p no:cacheprovider tests/gpu >"$out/pytest-$pass.txt" 2>&1 || status=1
   done
-  hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py >"$out/bench.md" 2>&1 || true
+  for path in $paths auto; do
+    case $path in
+      staged) env=(HPCCOMM_TRANSPORT=cuda:staged) ;;
+      ucc) env=(HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0) ;;
+      auto) [ "$paths" = staged ] && continue; env=() ;;
+    esac
+    env "${env[@]}" hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py >"$out/bench-$path.md" 2>&1 || true
+  done
+  if [ "$paths" != staged ]; then
+    timeout 300 mpirun -n 2 -x LD_LIBRARY_PATH -x UCX_MEMTYPE_CACHE=n "$UCC_HOME/bin/ucc_perftest" -c allreduce \
+      -m cuda -b 16777216 -e 67108864 >"$out/perftest.txt" 2>&1 || true
+  fi
   for n in 1 2; do hpccomm-run -n $n python3 benchmarks/cuda_staging_floor.py >>"$out/floor.md" 2>&1 || true; done
   tail -n 3 "$out"/pytest-*.txt
-  cat "$out/bench.md" "$out/floor.md"
+  cat "$out"/bench-*.md "$out/floor.md"
+  [ -f "$out/perftest.txt" ] && tail -n 8 "$out/perftest.txt"
   exit $status
   ;;
 *)
-  echo "usage: bash tests/gpu/acceptance.sh prepare|run [bundle dir]" >&2
+  echo "usage: bash tests/gpu/acceptance.sh prepare|run [bundle dir] [UCC source]" >&2
   exit 2
   ;;
 esac

@@ -6,12 +6,18 @@ up to 64 MiB, non-contiguous tensors; a producer on a side stream and a
 consumer after ``wait()``, 1,000 loops; tensors dropped right after an async
 call; the compute stream running during a collective; CUDA graph capture
 refused; a missing peer timing out; DDP on CUDA against single-process
-training. Also ``hpccomm info`` naming the route for CUDA tensors. The
-ordering logic itself is tested on the CPU as well (tests/test_host_staged.py).
+training, FSDP2 on a CUDA device mesh. Also ``hpccomm info`` naming the route
+for CUDA tensors. Each on both paths: ``staged`` (through host memory) and
+``ucc`` (UCC on device memory, host-gated, every collective on UCC); the UCC
+one runs where ``HPCCOMM_GPU_PATHS`` lists it (tests/gpu/acceptance.sh sets it
+once it has built UCC with CUDA) and skips otherwise, saying so. The ordering
+logic itself is tested on the CPU as well (tests/test_host_staged.py,
+tests/test_ucc_cuda.py).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +33,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_cuda_tensors_on_two_ranks():
-    assert_all_ranks_ok(run_ranks(2, str(GPU_RANKS / "cuda_ops.py"), limit_s=900), 2)
+#: The environment of each CUDA path: every collective on it.
+PATHS = {
+    "staged": {"HPCCOMM_TRANSPORT": "cuda:staged"},
+    "ucc": {"HPCCOMM_TRANSPORT": "cuda:ucc", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0"},
+}
 
 
-def test_info_names_the_route_for_cuda_tensors():
-    proc = subprocess.run([sys.executable, "-m", "hpccomm", "info"], capture_output=True, text=True, timeout=120)
+def path_env(path: str) -> dict[str, str]:
+    if path not in os.environ.get("HPCCOMM_GPU_PATHS", "staged").split():
+        pytest.skip(f"HPCCOMM_GPU_PATHS does not list {path} (tests/gpu/acceptance.sh lists ucc once UCC is built)")
+    return PATHS[path]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_cuda_tensors_on_two_ranks(path):
+    assert_all_ranks_ok(run_ranks(2, str(GPU_RANKS / "cuda_ops.py"), env=path_env(path), limit_s=900), 2)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_info_names_the_route_for_cuda_tensors(path):
+    env = {**os.environ, **path_env(path)}
+    proc = subprocess.run([sys.executable, "-m", "hpccomm", "info"], capture_output=True, text=True, timeout=120,
+                          env=env)
     assert proc.returncode == 0, proc.stderr
-    assert "hpccomm route for CUDA tensors: staged" in proc.stdout, proc.stdout
+    assert f"hpccomm route for CUDA tensors: {path}" in proc.stdout, proc.stdout

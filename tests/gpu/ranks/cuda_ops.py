@@ -1,8 +1,9 @@
-"""CUDA tensors on hpccomm, on a GPU: values, stream ordering, lifetime, overlap, failures, DDP.
+"""CUDA tensors on hpccomm, on a GPU: values, stream ordering, lifetime, overlap, failures, DDP, FSDP2.
 
-Run by tests/gpu/test_cuda.py (2 ranks; both may share one GPU). Each rank
-uses the device hpccomm picks (``cuda:LOCAL_RANK % count``). Usage:
-cuda_ops.py [name-filter]
+Run by tests/gpu/test_cuda.py (2 ranks; both may share one GPU), once per
+CUDA path (the environment picks it: HPCCOMM_TRANSPORT,
+HPCCOMM_CUDA_STAGED_MAX_BYTES). Each rank uses the device hpccomm picks
+(``cuda:LOCAL_RANK % count``). Usage: cuda_ops.py [name-filter]
 """
 
 from __future__ import annotations
@@ -191,6 +192,38 @@ def ddp_on_cuda_matches_single_process_training() -> None:
         optimizer.step()
     for a, b in zip(reference.parameters(), model.module.parameters()):
         assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+@check
+def fsdp2_on_a_cuda_device_mesh_matches_single_process_training() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    def make() -> torch.nn.Module:
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEVICE)
+
+    reference, model = make(), make()
+    mesh = init_device_mesh("cuda", (SIZE,))
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    solo = torch.optim.SGD(reference.parameters(), lr=0.1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        data = torch.randn(4 * SIZE, 16, generator=generator).to(DEVICE)
+        target = torch.randn(4 * SIZE, 4, generator=generator).to(DEVICE)
+        solo.zero_grad()
+        torch.nn.functional.mse_loss(reference(data), target).backward()
+        solo.step()
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(data[RANK::SIZE]), target[RANK::SIZE]).backward()
+        optimizer.step()
+    for a, b in zip(reference.parameters(), model.parameters()):
+        full = b.full_tensor().detach()
+        assert torch.allclose(a, full, atol=1e-5, rtol=1e-4), (a - full).abs().max()
 
 
 os.environ.setdefault("RANKCHECK_TRACE", "1")

@@ -168,28 +168,33 @@ def a_missing_peer_times_out() -> None:
     dist.barrier()
 
 
-@check
-def ddp_on_cuda_matches_single_process_training() -> None:
+def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
-    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(DEVICE)
-    model = torch.nn.parallel.DistributedDataParallel(
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(DEVICE),
-        device_ids=[DEVICE.index],
-    )
-    model.module.load_state_dict(reference.state_dict())
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEVICE)
+
+
+def train_beside_one_process(model: torch.nn.Module, steps: int) -> torch.nn.Module:
+    """Train ``model`` (this rank's rows RANK::SIZE) and one process's copy (every row) alike; return the copy."""
+    reference = make_model()
     solo = torch.optim.SGD(reference.parameters(), lr=0.05)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(1)
-    for _ in range(20):
+    for _ in range(steps):
         data = torch.randn(8 * SIZE, 16, generator=generator).to(DEVICE)
-        target = torch.randn(8 * SIZE, 1, generator=generator).to(DEVICE)
+        target = torch.randn(8 * SIZE, 4, generator=generator).to(DEVICE)
         solo.zero_grad()
         torch.nn.functional.mse_loss(reference(data), target).backward()
         solo.step()
-        mine = slice(8 * RANK, 8 * (RANK + 1))
         optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(data[mine]), target[mine]).backward()
+        torch.nn.functional.mse_loss(model(data[RANK::SIZE]), target[RANK::SIZE]).backward()
         optimizer.step()
+    return reference
+
+
+@check
+def ddp_on_cuda_matches_single_process_training() -> None:
+    model = torch.nn.parallel.DistributedDataParallel(make_model(), device_ids=[DEVICE.index])
+    reference = train_beside_one_process(model, steps=20)
     for a, b in zip(reference.parameters(), model.module.parameters()):
         assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
 
@@ -199,28 +204,13 @@ def fsdp2_on_a_cuda_device_mesh_matches_single_process_training() -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    def make() -> torch.nn.Module:
-        torch.manual_seed(0)
-        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEVICE)
-
-    reference, model = make(), make()
+    model = make_model()
     mesh = init_device_mesh("cuda", (SIZE,))
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    solo = torch.optim.SGD(reference.parameters(), lr=0.1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    generator = torch.Generator().manual_seed(2)
-    for _ in range(5):
-        data = torch.randn(4 * SIZE, 16, generator=generator).to(DEVICE)
-        target = torch.randn(4 * SIZE, 4, generator=generator).to(DEVICE)
-        solo.zero_grad()
-        torch.nn.functional.mse_loss(reference(data), target).backward()
-        solo.step()
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(data[RANK::SIZE]), target[RANK::SIZE]).backward()
-        optimizer.step()
+    reference = train_beside_one_process(model, steps=5)
     for a, b in zip(reference.parameters(), model.parameters()):
         full = b.full_tensor().detach()
         assert torch.allclose(a, full, atol=1e-5, rtol=1e-4), (a - full).abs().max()

@@ -37,8 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .transports import Transport
-from .transports.mpi_types import Reduction
+from .transports import Transport, WrappingTransport
 from .work import Pending
 from . import world
 from .world import mpi, skip_finalize
@@ -270,7 +269,7 @@ def protect(
     return recovery, {device: wrapped[id(t)] for device, t in transports.items()}
 
 
-class FaultTolerantTransport(Transport):
+class FaultTolerantTransport(WrappingTransport):
     """A transport whose MPI errors from dead ranks become the group's :class:`PeerFailure`.
 
     Args:
@@ -279,7 +278,7 @@ class FaultTolerantTransport(Transport):
     """
 
     def __init__(self, inner: Transport, recovery: Recovery) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.recovery = recovery
 
     def _post(self, op: str, *args: Any) -> Pending:
@@ -294,58 +293,12 @@ class FaultTolerantTransport(Transport):
                 raise
             raise error from exc
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._post("allreduce", tensors, reduction)
-
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
-        return self._post("broadcast", tensor, root)
-
-    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
-        return self._post("reduce", tensor, root, reduction)
-
-    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
-        return self._post("allgather", outputs, tensor)
-
-    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
-        return self._post("allgather_into", output, tensor)
-
-    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
-        return self._post("gather", outputs, tensor, root)
-
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
-        return self._post("scatter", output, inputs, root)
-
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._post("reduce_scatter", output, inputs, reduction)
-
-    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
-        return self._post("reduce_scatter_from", output, tensor, reduction)
-
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
-        return self._post("alltoall", outputs, inputs)
-
-    def alltoall_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
-    ) -> Pending:
-        return self._post("alltoall_single", output, tensor, output_counts, input_counts)
-
-    def barrier(self) -> Pending:
-        return self._post("barrier")
-
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
-        return self._post("send", tensor, peer, tag)
-
-    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
-        return self._post("recv", tensor, peer, tag)
-
     def close(self, in_flight: bool = False) -> None:
         try:
             self.inner.close(in_flight)
         except mpi().Exception:
             pass  # a revoked communicator of a failed group
 
-    def communicators(self) -> list[Any]:
-        return self.inner.communicators()
 
 
 class _FailurePending:

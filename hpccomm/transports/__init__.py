@@ -85,3 +85,72 @@ class Transport:
                 library may still work on it: keep what it can still touch.
         """
 
+
+
+class WrappingTransport(Transport):
+    """A transport that hands every operation to ``inner`` through one hook, :meth:`_post`.
+
+    A subclass changes how operations are posted, or what their Pendings do
+    (fault tolerance's error translation, a device path's ordering), in one
+    method instead of one per operation.
+
+    Args:
+        inner: the transport that communicates (closed with this one).
+    """
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+
+    def _post(self, op: str, *args: Any) -> Pending:
+        """Post operation ``op`` (a :class:`Transport` method name) with ``args``."""
+        return getattr(self.inner, op)(*args)
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._post("allreduce", tensors, reduction)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        return self._post("broadcast", tensor, root)
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        return self._post("reduce", tensor, root, reduction)
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        return self._post("allgather", outputs, tensor)
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        return self._post("allgather_into", output, tensor)
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        return self._post("gather", outputs, tensor, root)
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        return self._post("scatter", output, inputs, root)
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._post("reduce_scatter", output, inputs, reduction)
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        return self._post("reduce_scatter_from", output, tensor, reduction)
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        return self._post("alltoall", outputs, inputs)
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        return self._post("alltoall_single", output, tensor, output_counts, input_counts)
+
+    def barrier(self) -> Pending:
+        return self._post("barrier")
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self._post("send", tensor, peer, tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self._post("recv", tensor, peer, tag)
+
+    def communicators(self) -> list[Any]:
+        return self.inner.communicators()
+
+    def close(self, in_flight: bool = False) -> None:
+        self.inner.close(in_flight)

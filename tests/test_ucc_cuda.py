@@ -74,7 +74,7 @@ class Gated:
 
         request = ScriptedRequest(self.posts, name, keep, refuse)
         self.order.add(GatedPost(request, self.device.record(self.device.current_stream()), self.device))
-        pending = GatedPending(self.order, self.order.queued, self.device, UCCPending([request], (), name), list(after))
+        pending = GatedPending(self.order, self.order.queued, self.device, UCCPending([request], list(after), name))
         return pending, request
 
 

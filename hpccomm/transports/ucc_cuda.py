@@ -89,22 +89,25 @@ class GatedPost:
 
 
 class GatedPending:
-    """One UCC operation on device memory, from its post to its results in place (steps 2-4 above).
+    """One device operation from its post to its results in place (steps 2-4 above).
+
+    Shared by the device transports that post once the caller's stream has the
+    inputs (UCC here, a CUDA-aware MPI in :mod:`~hpccomm.transports.mpi_cuda`).
 
     Args:
         order: the queue that posts the operation's requests.
         ticket: the queue's ticket of the operation's last request.
         ops: the device's streams and events.
-        requests: the operation's requests (``test`` and ``finish``: a :class:`UCCPending`).
-        after: local steps once they have completed (kernels, queued on a stream).
+        inner: the operation as the transport made it: ``test`` polls the
+            communication, ``finish`` raises its error or runs the local steps
+            (kernels: queued on the stream current when it runs).
     """
 
-    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, requests: Pending, after: After) -> None:
+    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
         self._order = order
         self._ticket = ticket
         self._ops = ops
-        self._requests = requests
-        self._after = after
+        self._inner: Pending | None = inner
         self._landed: Any = None
         self._error: BaseException | None = None
 
@@ -114,8 +117,7 @@ class GatedPending:
         if not self._ended():
             return False
         side = self._ops.side_stream()
-        if self._error is None and self._after:
-            self._ops.call_on(side, self._run_after)
+        self._ops.call_on(side, self._finish_inner)
         self._landed = self._ops.record(side)
         return self._ops.query(self._landed)
 
@@ -123,30 +125,40 @@ class GatedPending:
         """:meth:`test` for a blocking call: done once the local steps are queued on the caller's stream."""
         if not self._ended():
             return False
-        if self._error is None and self._after:
-            self._ops.call_on(self._ops.current_stream(), self._run_after)
+        self._ops.call_on(self._ops.current_stream(), self._finish_inner)
         return True
 
     def finish(self) -> None:
         error, self._error = self._error, None
-        self._requests = None  # type: ignore[assignment]  # and with it the tensors
         if error is not None:
             raise error
 
+    @property
+    def source_rank(self) -> int:
+        """The sender's rank, for a receive from any source."""
+        return getattr(self._inner, "source_rank", -1)
+
     def _ended(self) -> bool:
-        """True once every request has been posted and has ended (an error is kept for :meth:`finish`)."""
+        """True once the communication has been posted and has ended (an error is kept for :meth:`finish`)."""
         self._ops.bind_thread()
-        if not self._order.reached(self._ticket) or not self._requests.test():
+        if self._error is not None:
+            return True
+        if not self._order.reached(self._ticket):
             return False
         try:
-            self._requests.finish()  # raises the first failed request's UCCError
+            return self._inner.test()  # type: ignore[union-attr]
+        except Exception as exc:  # MPI raises a failed request's error from its test
+            self._error = exc
+            return True
+
+    def _finish_inner(self) -> None:
+        inner, self._inner = self._inner, None  # and with it the tensors, once the steps are queued
+        if inner is None or self._error is not None:
+            return
+        try:
+            inner.finish()
         except Exception as exc:
             self._error = exc
-        return True
-
-    def _run_after(self) -> None:
-        for step in self._after:
-            step()
 
 
 class UCCCudaTransport(UCCTransport):
@@ -218,7 +230,7 @@ class UCCCudaTransport(UCCTransport):
     def _pending(self, requests: list[Request], after: After, what: str) -> Pending:
         if self._engine is not None:
             return self._triggered_pending(requests, after, what)
-        return GatedPending(self.order, self.order.queued, self.ops, UCCPending(requests, (), what), after)
+        return GatedPending(self.order, self.order.queued, self.ops, UCCPending(requests, after, what))
 
     def _triggered_pending(self, requests: list[Request], after: After, what: str) -> Pending:
         """Design (b): the local steps follow on the side stream, behind UCC's hold; the caller's stream waits."""

@@ -107,16 +107,19 @@ class Config:
             they apply, at every size).
         transports: ``HPCCOMM_TRANSPORT``: which transport serves each
             device: ``auto`` (CPU: MPI; CUDA, where torch sees a GPU: UCC on
-            device memory where hpccomm's UCC has CUDA, else through host
-            memory), ``mpi`` or ``ucc`` for every device, or per device
+            device memory where hpccomm's UCC has CUDA, else MPI on device
+            memory where the MPI is CUDA-aware, else through host memory),
+            ``mpi`` or ``ucc`` for every device, or per device
             (``cpu:mpi,cuda:staged``); ``staged`` (CUDA only) copies CUDA
             tensors to host memory and back around the CPU path; ``ucc``
             needs hpccomm built with UCC (for CUDA tensors, a UCC and UCX
             with CUDA).
         cuda_staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``: where CUDA
-            tensors go to UCC, collectives of at most this many bytes go
-            through host memory instead (point-to-point always does); ``0``
-            sends every collective to UCC. The default comes from 2 ranks
+            tensors go to device memory (UCC or a CUDA-aware MPI),
+            collectives of at most this many bytes go through host memory
+            instead; ``0`` sends every collective there (but barriers, and a
+            CUDA-aware MPI's 16-bit float reductions; UCC's point-to-point
+            is staged too). The default comes from 2 ranks
             sharing one H100/H200 (docs/ucc-cuda.md); the GPU acceptance run
             measures the crossover on the machine at hand.
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA

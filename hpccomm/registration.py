@@ -221,21 +221,27 @@ def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> d
 
 
 def _cuda_transport(comm: Any, global_ranks: list[int], timeout: timedelta, route: str) -> Transport:
-    """CUDA tensors through host memory (``staged``), or UCC on device memory with small ones staged. Collective."""
+    """CUDA tensors through host memory (``staged``), or on device memory (``ucc``, ``mpi``) with small ones staged.
+
+    Collective. The CPU half of the staged path has a communicator of its own: its posts
+    follow the device operations' order, not that of the group's CPU operations.
+    """
     from .transports.device_ops import cuda_ops
     from .transports.host_staged import HostStagedTransport
 
     device = group_cuda_device()  # fixed before UCC's team (and context) is made
     ops = cuda_ops(device)
-    ucc_comm = comm.Dup() if route == "ucc" else None
-    # The CPU half of the staged path has a communicator of its own: its posts follow the
-    # device operations' order, not that of the group's CPU operations.
+    on_device = comm.Dup() if route != "staged" else None
     staged = HostStagedTransport(cpu_transport(comm, global_ranks), ops)
-    if ucc_comm is None:
-        return staged
-    from .transports.ucc_cuda import cuda_transport
+    limit = settings.cuda_staged_max_bytes
+    if route == "mpi":
+        from .transports import mpi_cuda
 
-    return cuda_transport(
-        ucc_comm, global_ranks, timeout.total_seconds(), staged, ops, device,
-        settings.cuda_staged_max_bytes, settings.ucc_triggered,
-    )
+        return mpi_cuda.cuda_transport(on_device, staged, ops, device, limit)
+    if route == "ucc":
+        from .transports import ucc_cuda
+
+        return ucc_cuda.cuda_transport(
+            on_device, global_ranks, timeout.total_seconds(), staged, ops, device, limit, settings.ucc_triggered
+        )
+    return staged

@@ -170,6 +170,8 @@ def cuda() -> dict[str, Any]:
 _CUDA_ROUTES = {
     "staged": "staged (through pinned host memory and the CPU transport)",
     "ucc": "ucc (UCC on device memory; collectives up to HPCCOMM_CUDA_STAGED_MAX_BYTES and point-to-point staged)",
+    "mpi": "mpi (a CUDA-aware MPI on device memory; collectives up to HPCCOMM_CUDA_STAGED_MAX_BYTES and 16-bit "
+           "float reductions staged)",
 }
 
 

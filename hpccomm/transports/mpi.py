@@ -56,7 +56,9 @@ class MPIPending:
             if self._status is not None:
                 return requests[0].Test(self._status)
             return requests[0].Test()
-        return mpi().Request.Testall(requests)
+        # Each tested on its own (not Request.Testall): a CUDA-aware MPI's deferred calls stand in
+        # for requests (hpccomm/transports/mpi_cuda.py). A completed request tests True again.
+        return all([request.Test() for request in requests])
 
     def finish(self) -> None:
         for step in self._after:
@@ -115,10 +117,13 @@ class MPITransport(Transport):
 
     Args:
         comm: the group's communicator (owned: freed by :meth:`close`).
+        device: where the tensors live (default: host memory); temporaries
+            are made there (device memory with a CUDA-aware MPI).
     """
 
-    def __init__(self, comm: Any) -> None:
+    def __init__(self, comm: Any, device: torch.device | None = None) -> None:
         self._comm = comm
+        self._device = device if device is not None else torch.device("cpu")
         self._size = comm.Get_size()
         self._rank = comm.Get_rank()
         # Held here for all_reduce's hot path: each lookup through mpi() is a call.
@@ -181,7 +186,7 @@ class MPITransport(Transport):
         counts = [out.numel() for out in outputs]
         _check_count("all_gather", sum(counts))
         send = tensor.contiguous()
-        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        flat = torch.empty(sum(counts), dtype=tensor.dtype, device=self._device)
         request = self._comm.Iallgatherv(_buffer(send), _vector(flat, counts))
         return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 
@@ -205,7 +210,7 @@ class MPITransport(Transport):
             return MPIPending([request], [], keep=(send,))
         counts = [out.numel() for out in outputs]
         _check_count("gather", sum(counts))
-        flat = torch.empty(sum(counts), dtype=tensor.dtype)
+        flat = torch.empty(sum(counts), dtype=tensor.dtype, device=self._device)
         request = self._comm.Igatherv(_buffer(send), _vector(flat, counts), root)
         return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 
@@ -248,7 +253,7 @@ class MPITransport(Transport):
         _check_count("all_to_all", max(sum(send_counts), sum(recv_counts)))
         dtype = outputs[0].dtype
         send = concat(inputs, dtype)
-        flat = torch.empty(sum(recv_counts), dtype=dtype)
+        flat = torch.empty(sum(recv_counts), dtype=dtype, device=self._device)
         request = self._comm.Ialltoallv(_vector(send, send_counts), _vector(flat, recv_counts))
         return MPIPending([request], [scatter_back(flat, outputs)], keep=(send, flat))
 

@@ -1,9 +1,11 @@
 """Which transport serves which device: ``HPCCOMM_TRANSPORT`` against what is installed.
 
 ``auto`` (the default) routes host tensors to MPI and, where torch sees a
-GPU, CUDA tensors to UCC on device memory (:mod:`~hpccomm.transports.ucc_cuda`,
-small collectives through host memory) where hpccomm's UCC has CUDA, else
-through host memory (``staged``: :mod:`~hpccomm.transports.host_staged`).
+GPU, CUDA tensors to UCC on device memory (:mod:`~hpccomm.transports.ucc_cuda`)
+where hpccomm's UCC has CUDA, else to MPI on device memory
+(:mod:`~hpccomm.transports.mpi_cuda`) where the MPI is CUDA-aware, else
+through host memory (``staged``: :mod:`~hpccomm.transports.host_staged`);
+on device memory, small collectives still go through host memory.
 ``ucc`` forces UCC for host tensors too: testable on any machine, and usable
 where UCC's host collectives beat MPI. The choice is logged once per process
 (logger ``hpccomm``, level INFO), with UCC's version and library paths when
@@ -23,9 +25,9 @@ if TYPE_CHECKING:
 _logger = logging.getLogger("hpccomm")
 
 #: The devices each transport can carry today (``staged`` only where torch sees a GPU: see _serves).
-_SERVES = {"mpi": ("cpu",), "ucc": ("cpu", "cuda"), "staged": ("cuda",)}
+_SERVES = {"mpi": ("cpu", "cuda"), "ucc": ("cpu", "cuda"), "staged": ("cuda",)}
 #: What ``auto`` picks per device, best first.
-_AUTO = {"cpu": ("mpi",), "cuda": ("ucc", "staged")}
+_AUTO = {"cpu": ("mpi",), "cuda": ("ucc", "mpi", "staged")}
 
 _routes: dict[str, str] | None = None
 
@@ -80,7 +82,10 @@ def routes() -> dict[str, str]:
             from ..ucc import status
 
             ucc = status()
-        usable = (c for c in candidates if device in _serves(c) and (wanted != "auto" or _usable(c, device, ucc)))
+        usable = (
+            c for c in candidates
+            if device in _serves(c) and (wanted != "auto" or _usable(c, device, ucc)) and _carries(c, device)
+        )
         name = next(usable, None)
         if name is None:
             notes.append(f"{device} -> none ({_why_none(device, wanted)})")
@@ -100,6 +105,17 @@ def _usable(name: str, device: str, ucc: UCCStatus | None) -> bool:
     return ucc is not None and ucc.available and (device != "cuda" or _ucc_cuda_missing() is None)
 
 
+def _carries(name: str, device: str) -> bool:
+    """Whether ``name`` can carry ``device`` tensors at all here (MPI: CUDA only where it is CUDA-aware)."""
+    return name != "mpi" or device != "cuda" or _mpi_cuda_aware()
+
+
+def _mpi_cuda_aware() -> bool:
+    from .mpi_cuda import cuda_aware
+
+    return cuda_aware()
+
+
 def _ucc_cuda_missing() -> str | None:
     from ..ucc.binding import cuda_support
 
@@ -114,6 +130,10 @@ def _require_ucc(device: str, ucc: UCCStatus | None) -> None:
 
 
 def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
+    if device == "cuda" and name == "mpi":
+        limit = settings.cuda_staged_max_bytes
+        return (f" (CUDA-aware) on device memory, host-gated; collectives up to {limit} bytes and 16-bit float "
+                "reductions staged through host memory")
     if name != "ucc" or ucc is None:
         return ""
     paths = f"UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx}"
@@ -129,4 +149,7 @@ def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
 def _why_none(device: str, wanted: str) -> str:
     if device == "cuda" and not _cuda_available():
         return "torch sees no CUDA device"
+    if device == "cuda" and wanted == "mpi":
+        return ("this MPI is not CUDA-aware (MPIX_Query_cuda_support() is 0); HPCCOMM_TRANSPORT=cuda:staged "
+                "moves CUDA tensors through host memory")
     return f"{wanted} does not carry {device} tensors"

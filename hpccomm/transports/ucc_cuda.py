@@ -1,40 +1,16 @@
 """UCC on device memory: each collective posted once the caller's stream has produced its inputs.
 
-The host-gated design (``../shared/CUDA-NOTES.md``, design (a)): no kernel of
-hpccomm's sits on the caller's streams, any UCC team layer (tl/ucp over UCX's
-CUDA transports, tl/cuda, tl/nccl) can serve, and a peer that never arrives
-becomes a timeout, not a wedged stream. One operation, in order:
+The host-gated path of :mod:`~hpccomm.transports.device_gated` on UCC: any
+UCC team layer (tl/ucp over UCX's CUDA transports, tl/cuda, tl/nccl) can
+serve. At the call the collective is built as on host memory
+(:class:`~hpccomm.transports.ucc.UCCTransport`, through its two hooks) and
+its UCC request initialised, in call order as on every rank (UCC numbers
+collectives at initialisation); the post waits in the
+:class:`~hpccomm.transports.call_order.CallOrder` for the caller's stream.
+UCC's count arrays are held with the tensors until the request has ended.
 
-1. on the caller's thread, the collective is built as on host memory
-   (:class:`~hpccomm.transports.ucc.UCCTransport`): its stand-ins and
-   premultiplied inputs are kernels on the caller's stream; its UCC request is
-   initialised, in call order as on every rank, and an event is recorded on
-   the caller's stream after that work;
-2. once the event has completed, the request is posted; posts follow the
-   order of initialisation (:class:`~hpccomm.transports.call_order.CallOrder`),
-   whichever thread gets there;
-3. UCC moves the device memory; the Pending progresses the context;
-4. once every request has completed, the local steps (copies back from
-   stand-ins, AVG's division) are queued on the side stream, and the
-   operation completes when they have landed. ``Work.wait()`` therefore blocks
-   the host until the results are in place (nothing on a stream stands for
-   the end of a collective posted this way). A blocking call ends at step 4
-   with the local steps queued on the caller's own stream, as on the staged
-   path.
-
-The tensors, the stand-ins and UCC's count arrays stay referenced until the
-requests have ended, so the caching allocator cannot hand their memory out
-while UCC reads or writes it. Every thread that posts or progresses binds the
-group's device and its CUDA context first (:meth:`DeviceOps.bind_thread`):
-hpccomm's progress thread starts without one.
-
-The ordering goes through the :class:`~hpccomm.transports.device_ops.DeviceOps`
-seam, so it is tested without a GPU (``tests/test_ucc_cuda.py``: scripted
-requests, and real UCC on host memory, both with the tests' simulated device).
-Point-to-point and barriers go through the staged path
-(``HostStagedTransport``): UCC has no point-to-point calls and the MPI here
-need not be CUDA-aware. :class:`BySize` routes small collectives there too,
-up to ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
+Point-to-point and barriers go through the staged path: UCC has no
+point-to-point calls and the MPI here need not be CUDA-aware.
 
 ``HPCCOMM_UCC_TRIGGERED=1`` posts on an execution engine over the side stream
 instead (design (b), :meth:`UCCCudaTransport._post`): the side stream waits on
@@ -43,6 +19,9 @@ holds the stream until it has ended, and the local steps follow on it. A
 blocking call's stream then waits on a fence after them; the host still
 polls UCC's requests until they end (no other thread would progress them).
 Off by default: it has not run on a GPU.
+
+Tested without a GPU (``tests/test_ucc_cuda.py``: scripted requests, and real
+UCC on host memory, with the tests' simulated device).
 """
 
 from __future__ import annotations
@@ -58,8 +37,8 @@ from ..ucc.binding import cuda_support
 from ..work import Pending
 from . import Transport
 from .call_order import CallOrder
+from .device_gated import BySize, GatedPending
 from .device_ops import DeviceOps
-from .mpi_types import Reduction
 from .staging import After
 from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
 
@@ -86,79 +65,6 @@ class GatedPost:
             self._request.post()
         except UCCError:
             pass  # the request has ended with the error: its Pending raises it
-
-
-class GatedPending:
-    """One device operation from its post to its results in place (steps 2-4 above).
-
-    Shared by the device transports that post once the caller's stream has the
-    inputs (UCC here, a CUDA-aware MPI in :mod:`~hpccomm.transports.mpi_cuda`).
-
-    Args:
-        order: the queue that posts the operation's requests.
-        ticket: the queue's ticket of the operation's last request.
-        ops: the device's streams and events.
-        inner: the operation as the transport made it: ``test`` polls the
-            communication, ``finish`` raises its error or runs the local steps
-            (kernels: queued on the stream current when it runs).
-    """
-
-    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
-        self._order = order
-        self._ticket = ticket
-        self._ops = ops
-        self._inner: Pending | None = inner
-        self._landed: Any = None
-        self._error: BaseException | None = None
-
-    def test(self) -> bool:
-        if self._landed is not None:
-            return self._ops.query(self._landed)
-        if not self._ended():
-            return False
-        side = self._ops.side_stream()
-        self._ops.call_on(side, self._finish_inner)
-        self._landed = self._ops.record(side)
-        return self._ops.query(self._landed)
-
-    def test_inline(self) -> bool:
-        """:meth:`test` for a blocking call: done once the local steps are queued on the caller's stream."""
-        if not self._ended():
-            return False
-        self._ops.call_on(self._ops.current_stream(), self._finish_inner)
-        return True
-
-    def finish(self) -> None:
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    @property
-    def source_rank(self) -> int:
-        """The sender's rank, for a receive from any source."""
-        return getattr(self._inner, "source_rank", -1)
-
-    def _ended(self) -> bool:
-        """True once the communication has been posted and has ended (an error is kept for :meth:`finish`)."""
-        self._ops.bind_thread()
-        if self._error is not None:
-            return True
-        if not self._order.reached(self._ticket):
-            return False
-        try:
-            return self._inner.test()  # type: ignore[union-attr]
-        except Exception as exc:  # MPI raises a failed request's error from its test
-            self._error = exc
-            return True
-
-    def _finish_inner(self) -> None:
-        inner, self._inner = self._inner, None  # and with it the tensors, once the steps are queued
-        if inner is None or self._error is not None:
-            return
-        try:
-            inner.finish()
-        except Exception as exc:
-            self._error = exc
 
 
 class UCCCudaTransport(UCCTransport):
@@ -280,81 +186,6 @@ class TriggeredPending:
 
     def finish(self) -> None:
         self._requests.finish()
-
-
-class BySize(Transport):
-    """Device collectives up to ``staged_max_bytes`` through host memory, larger ones on UCC.
-
-    Every rank must choose the same path for one operation, so each choice
-    rests on a size every rank sees alike: the tensor of an all-reduce,
-    broadcast, reduce, gather or scatter, the (common) output of an all-gather
-    or input of a reduce-scatter. All-to-all (whose sizes differ by rank) goes
-    to UCC; point-to-point and barriers go through host memory.
-
-    Args:
-        staged: the host-staged transport (owned: closed here).
-        ucc: the UCC transport on device memory (owned).
-        staged_max_bytes: the largest message that goes through host memory.
-    """
-
-    def __init__(self, staged: Transport, ucc: Transport, staged_max_bytes: int) -> None:
-        self.staged = staged
-        self.ucc = ucc
-        self._limit = staged_max_bytes
-
-    def _by(self, nbytes: int) -> Transport:
-        return self.staged if nbytes <= self._limit else self.ucc
-
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._by(sum(t.nbytes for t in tensors)).allreduce(tensors, reduction)
-
-    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
-        return self._by(tensor.nbytes).broadcast(tensor, root)
-
-    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
-        return self._by(tensor.nbytes).reduce(tensor, root, reduction)
-
-    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
-        return self._by(tensor.nbytes * len(outputs)).allgather(outputs, tensor)
-
-    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
-        return self._by(output.nbytes).allgather_into(output, tensor)
-
-    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
-        return self._by(tensor.nbytes).gather(outputs, tensor, root)
-
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
-        return self._by(output.nbytes).scatter(output, inputs, root)
-
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._by(sum(t.nbytes for t in inputs)).reduce_scatter(output, inputs, reduction)
-
-    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
-        return self._by(tensor.nbytes).reduce_scatter_from(output, tensor, reduction)
-
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
-        return self.ucc.alltoall(outputs, inputs)
-
-    def alltoall_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
-    ) -> Pending:
-        return self.ucc.alltoall_single(output, tensor, output_counts, input_counts)
-
-    def barrier(self) -> Pending:
-        return self.staged.barrier()
-
-    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
-        return self.staged.send(tensor, peer, tag)
-
-    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
-        return self.staged.recv(tensor, peer, tag)
-
-    def communicators(self) -> list[Any]:
-        return self.staged.communicators()
-
-    def close(self, in_flight: bool = False) -> None:
-        self.ucc.close(in_flight)
-        self.staged.close(in_flight)
 
 
 def cuda_transport(

@@ -4,9 +4,11 @@ The "device" tensors are CPU tensors behind FakeDevice's streams, so the
 ordering and completion rules run as on a GPU. ``DEVICE_PATH=staged`` (the
 default): the host-staged path, MPI (the group's, duplicated) moving the host
 buffers. ``DEVICE_PATH=ucc``: UCC's host-gated path (hpccomm/transports/
-ucc_cuda.py) on UCC's host memory, with every collective on UCC (point-to-point
-and barriers staged, as on a GPU). Values are checked on every rank.
-Usage: device_paths.py [name-filter]
+ucc_cuda.py) on UCC's host memory, every collective on UCC (point-to-point and
+barriers staged, as on a GPU). ``DEVICE_PATH=mpi``: the CUDA-aware MPI path
+(hpccomm/transports/mpi_cuda.py) on host memory, everything on it but barriers
+and 16-bit float reductions (staged, as on a GPU). Values are checked on every
+rank. Usage: device_paths.py [name-filter]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from fake_device import FakeDevice  # noqa: E402
 from hpccomm import world  # noqa: E402
 from hpccomm.front import front_of  # noqa: E402
 from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
-from hpccomm.transports.ucc_cuda import BySize, UCCCudaTransport  # noqa: E402
+from hpccomm.transports.device_gated import BySize  # noqa: E402
 from hpccomm.transports.mpi import MPITransport  # noqa: E402
 from hpccomm.transports.mpi_types import reduction  # noqa: E402
 from hpccomm.work import HpcWork, Pending, complete_inline  # noqa: E402
@@ -37,12 +39,20 @@ RANK, SIZE = dist.get_rank(), dist.get_world_size()
 GROUP = front_of(dist.group.WORLD)
 DEVICE = FakeDevice()
 STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
-ON_UCC = os.environ.get("DEVICE_PATH", "staged") == "ucc"
-if ON_UCC:
+PATH = os.environ.get("DEVICE_PATH", "staged")
+GATED_PATH = PATH != "staged"  # a host-gated path on device memory: its CallOrder is checked too
+if PATH == "ucc":
+    from hpccomm.transports.ucc_cuda import UCCCudaTransport
+
     GATED = UCCCudaTransport.for_group(
         world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE, torch.device("cpu")
     )
     TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0)
+elif PATH == "mpi":
+    from hpccomm.transports.mpi_cuda import HOST_REDUCED, MPICudaTransport
+
+    GATED = MPICudaTransport(world.mpi().COMM_WORLD.Dup(), DEVICE, torch.device("cpu"))
+    TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0, host_reduced=HOST_REDUCED, p2p_on_device=True)
 else:
     TRANSPORT = STAGED
 _seq = 0
@@ -185,8 +195,8 @@ def one_ranks_inputs_late_while_the_others_post() -> None:
     second = HpcWork(TRANSPORT.allreduce([b], red(dist.ReduceOp.SUM, b.dtype)), [b], label(), 60.0)
     if RANK == 0:
         time.sleep(0.3)
-        if ON_UCC:
-            # Initialised in call order, as on every rank; posted only once the stream got there.
+        if GATED_PATH:
+            # Queued in call order, as on every rank; posted only once the stream got there.
             assert len(GATED.order) == 2, (GATED.order.queued, GATED.order.posted)
         DEVICE.release(DEVICE.user)
     second.wait()
@@ -201,7 +211,7 @@ def complete_only_once_the_results_have_landed() -> None:
     x = torch.arange(6, dtype=torch.float32).view(2, 3).t()
     x += RANK
     expected = torch.arange(6, dtype=torch.float32).view(2, 3).t() * SIZE + sum(range(SIZE))
-    posted = GATED.order.posted if ON_UCC else 0
+    posted = GATED.order.posted if GATED_PATH else 0
     DEVICE.hold(DEVICE.side)
     work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 60.0)
     deadline = time.monotonic() + 0.5
@@ -211,9 +221,9 @@ def complete_only_once_the_results_have_landed() -> None:
     DEVICE.release(DEVICE.side)
     work.wait()
     assert torch.equal(x, expected), x
-    assert not ON_UCC or GATED.order.posted == posted + 1, "the all-reduce did not go through UCC"
+    assert not GATED_PATH or GATED.order.posted == posted + 1, f"the all-reduce did not go through {PATH}"
     # Every thread that posted or tested the device path bound the device first.
-    assert threading.get_ident() in DEVICE.bound_threads or not ON_UCC, DEVICE.bound_threads
+    assert threading.get_ident() in DEVICE.bound_threads or not GATED_PATH, DEVICE.bound_threads
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

@@ -1,0 +1,207 @@
+"""Device tensors on device memory, each operation posted once the caller's stream has produced its inputs.
+
+The host-gated design (``../shared/CUDA-NOTES.md``, design (a)), shared by UCC
+on device memory (:mod:`~hpccomm.transports.ucc_cuda`) and a CUDA-aware MPI
+(:mod:`~hpccomm.transports.mpi_cuda`): no kernel of hpccomm's sits on the
+caller's streams, and a peer that never arrives becomes a timeout, not a
+wedged stream. One operation, in order:
+
+1. on the caller's thread, the transport builds the operation as on host
+   memory: its stand-ins and premultiplied inputs are kernels on the caller's
+   stream, its temporaries are made on the device; the communication is
+   queued, not posted, with an event recorded on the caller's stream after
+   that work;
+2. once the event has completed, the communication is posted, in call order
+   (:class:`~hpccomm.transports.call_order.CallOrder`), whichever thread gets
+   there;
+3. the library moves the device memory; :class:`GatedPending` polls it;
+4. once it has ended, the operation's local steps (copies back from
+   stand-ins, AVG's division) are queued on the side stream, and the
+   operation completes when they have landed. ``Work.wait()`` therefore
+   blocks the host until the results are in place (nothing on a stream stands
+   for the end of a communication posted this way). A blocking call ends at
+   step 4 with the local steps queued on the caller's own stream, as on the
+   staged path.
+
+The tensors and temporaries stay referenced until the communication has
+ended, so the caching allocator cannot hand their memory out while it is
+read or written. Every thread that polls binds the group's device and its
+CUDA context first (:meth:`DeviceOps.bind_thread`): hpccomm's progress thread
+starts without one, and UCX and CUDA-aware MPIs touch device memory from the
+thread that progresses them.
+
+:class:`BySize` puts such a transport beside the staged path
+(``HostStagedTransport``): collectives up to ``HPCCOMM_CUDA_STAGED_MAX_BYTES``,
+and whatever the device transport cannot do, go through host memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..work import Pending
+from . import Transport
+from .call_order import CallOrder
+from .device_ops import DeviceOps
+from .mpi_types import Reduction
+
+
+class GatedPending:
+    """One device operation from its post to its results in place (steps 2-4 above).
+
+    Args:
+        order: the queue that posts the operation's requests.
+        ticket: the queue's ticket of the operation's last request.
+        ops: the device's streams and events.
+        inner: the operation as the transport made it: ``test`` polls the
+            communication, ``finish`` raises its error or runs the local steps
+            (kernels: queued on the stream current when it runs).
+    """
+
+    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
+        self._order = order
+        self._ticket = ticket
+        self._ops = ops
+        self._inner: Pending | None = inner
+        self._landed: Any = None
+        self._error: BaseException | None = None
+        self._source_rank = -1
+
+    def test(self) -> bool:
+        if self._landed is not None:
+            return self._ops.query(self._landed)
+        if not self._ended():
+            return False
+        side = self._ops.side_stream()
+        self._ops.call_on(side, self._finish_inner)
+        self._landed = self._ops.record(side)
+        return self._ops.query(self._landed)
+
+    def test_inline(self) -> bool:
+        """:meth:`test` for a blocking call: done once the local steps are queued on the caller's stream."""
+        if not self._ended():
+            return False
+        self._ops.call_on(self._ops.current_stream(), self._finish_inner)
+        return True
+
+    def finish(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    @property
+    def source_rank(self) -> int:
+        """The sender's rank, for a receive from any source."""
+        return getattr(self._inner, "source_rank", self._source_rank)
+
+    def _ended(self) -> bool:
+        """True once the communication has been posted and has ended (an error is kept for :meth:`finish`)."""
+        self._ops.bind_thread()
+        if self._error is not None:
+            return True
+        if not self._order.reached(self._ticket):
+            return False
+        try:
+            return self._inner.test()  # type: ignore[union-attr]
+        except Exception as exc:  # MPI raises a failed request's error from its test
+            self._error = exc
+            return True
+
+    def _finish_inner(self) -> None:
+        inner, self._inner = self._inner, None  # and with it the tensors, once the steps are queued
+        if inner is None or self._error is not None:
+            return
+        self._source_rank = getattr(inner, "source_rank", -1)
+        try:
+            inner.finish()
+        except Exception as exc:
+            self._error = exc
+
+
+class BySize(Transport):
+    """Device collectives up to ``staged_max_bytes`` through host memory, larger ones on device memory.
+
+    Every rank must choose the same path for one operation, so each choice
+    rests on a size every rank sees alike: the tensor of an all-reduce,
+    broadcast, reduce, gather or scatter, the (common) output of an all-gather
+    or input of a reduce-scatter. All-to-all (whose sizes differ by rank) goes
+    to device memory; barriers through host memory; point-to-point as
+    ``p2p_on_device`` says.
+
+    Args:
+        staged: the host-staged transport (owned: closed here).
+        device: the transport on device memory (owned).
+        staged_max_bytes: the largest message that goes through host memory.
+        host_reduced: dtypes whose reductions go through host memory at any
+            size (the device transport cannot reduce them there).
+        p2p_on_device: send and receive on ``device`` (else through host memory).
+    """
+
+    def __init__(
+        self, staged: Transport, device: Transport, staged_max_bytes: int,
+        host_reduced: frozenset[torch.dtype] = frozenset(), p2p_on_device: bool = False,
+    ) -> None:
+        self.staged = staged
+        self.device = device
+        self._limit = staged_max_bytes
+        self._host_reduced = host_reduced
+        self._p2p = device if p2p_on_device else staged
+
+    def _by(self, nbytes: int, reduced: torch.dtype | None = None) -> Transport:
+        if nbytes <= self._limit or reduced in self._host_reduced:
+            return self.staged
+        return self.device
+
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._by(sum(t.nbytes for t in tensors), tensors[0].dtype).allreduce(tensors, reduction)
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
+        return self._by(tensor.nbytes).broadcast(tensor, root)
+
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
+        return self._by(tensor.nbytes, tensor.dtype).reduce(tensor, root, reduction)
+
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
+        return self._by(tensor.nbytes * len(outputs)).allgather(outputs, tensor)
+
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
+        return self._by(output.nbytes).allgather_into(output, tensor)
+
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
+        return self._by(tensor.nbytes).gather(outputs, tensor, root)
+
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
+        return self._by(output.nbytes).scatter(output, inputs, root)
+
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        return self._by(sum(t.nbytes for t in inputs), output.dtype).reduce_scatter(output, inputs, reduction)
+
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
+        return self._by(tensor.nbytes, tensor.dtype).reduce_scatter_from(output, tensor, reduction)
+
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
+        return self.device.alltoall(outputs, inputs)
+
+    def alltoall_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
+    ) -> Pending:
+        return self.device.alltoall_single(output, tensor, output_counts, input_counts)
+
+    def barrier(self) -> Pending:
+        return self.staged.barrier()
+
+    def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:
+        return self._p2p.send(tensor, peer, tag)
+
+    def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Pending:
+        return self._p2p.recv(tensor, peer, tag)
+
+    def communicators(self) -> list[Any]:
+        return [*self.staged.communicators(), *self.device.communicators()]
+
+    def close(self, in_flight: bool = False) -> None:
+        self.device.close(in_flight)
+        self.staged.close(in_flight)

@@ -1,0 +1,273 @@
+"""The host-gated device path (hpccomm/transports/device_gated.py) and its size routing, without a GPU.
+
+A device operation on the host-gated path must: post only once the caller's
+stream has produced its inputs, in call order whichever operation is polled
+first; run its local steps on the side stream and complete only once they
+have landed (a blocking call: queued on the caller's stream); fail, not
+hang, on refusals, errors, timeouts and aborts; keep its tensors until the
+communication is done; bind the device on every thread that polls. Tested
+here in this process with scripted requests and tests/fake_device.py; the
+same logic over real MPI and UCC, every operation: tests/test_mpi_cuda.py,
+tests/test_ucc_cuda.py; on a GPU: tests/gpu.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import pytest
+import torch
+from fake_device import FakeDevice
+from test_host_staged import Group
+
+from hpccomm.transports import Transport
+from hpccomm.transports.call_order import CallOrder
+from hpccomm.transports.device_gated import BySize, GatedPending
+from hpccomm.transports.ucc_cuda import GatedPost
+from hpccomm.ucc import UCCError
+from hpccomm.work import CommTimeoutError, GroupClosedError, HpcWork, complete_inline
+
+# -- the host-gated ordering, with scripted requests ---------------------------------------
+
+
+class ScriptedRequest:
+    """A UCC request as GatedPending sees it: posted once, then ended when the test says (a stand-in for UCC)."""
+
+    def __init__(self, log: list[str], name: str, keep: object = None, refuse: bool = False) -> None:
+        self.log, self.name, self.keep, self.refuse = log, name, keep, refuse
+        self.posted = False
+        self.done = False
+        self.error: str | None = None
+
+    def post(self) -> None:
+        self.posted = True
+        self.log.append(self.name)
+        if self.refuse:
+            self.done, self.error = True, "ucc_collective_post: refused"
+            raise UCCError(-1, self.error)
+
+    def test(self) -> bool:
+        assert self.posted, f"{self.name} tested before it was posted"
+        if self.done:
+            self.keep = None  # UCC is done with the buffers
+        return self.done
+
+    def result(self, what: str) -> None:
+        if self.error is not None:
+            raise UCCError(-1, f"{what}: {self.error}")
+
+
+class Gated:
+    """Operations through the host-gated path as UCCCudaTransport makes them (UCC's Pending and GatedPost), on a simulated device."""
+
+    def __init__(self) -> None:
+        self.device = FakeDevice()
+        self.order = CallOrder()
+        self.posts: list[str] = []
+
+    def call(self, name: str, after=(), keep: object = None, refuse: bool = False):
+        from hpccomm.transports.ucc import UCCPending
+
+        request = ScriptedRequest(self.posts, name, keep, refuse)
+        self.order.add(GatedPost(request, self.device.record(self.device.current_stream()), self.device))
+        pending = GatedPending(self.order, self.order.queued, self.device, UCCPending([request], list(after), name))
+        return pending, request
+
+
+def test_a_request_is_posted_only_once_the_callers_stream_has_produced_its_inputs():
+    gated = Gated()
+    x = torch.zeros(2)
+    gated.device.hold(gated.device.user)
+    gated.device.launch(gated.device.user, lambda: x.fill_(3))  # a kernel queued before the collective
+    pending, request = gated.call("all_reduce")
+    assert not pending.test() and not request.posted, "posted before the caller's stream produced the input"
+    gated.device.release(gated.device.user)
+    assert not pending.test() and request.posted and x.tolist() == [3.0, 3.0]
+    request.done = True
+    assert pending.test()
+    pending.finish()
+
+
+def test_posts_follow_call_order_whichever_operation_is_tested_first():
+    gated = Gated()
+    gated.device.hold(gated.device.user)
+    first, _ = gated.call("first")
+    second, _ = gated.call("second")
+    assert not second.test() and gated.posts == []
+    gated.device.release(gated.device.user)
+    assert not second.test()  # the progress thread may reach the later one first
+    assert gated.posts == ["first", "second"], gated.posts
+
+
+def test_local_steps_run_on_the_side_stream_and_the_work_completes_once_they_have_landed():
+    gated = Gated()
+    out = torch.zeros(2)
+    pending, request = gated.call("all_gather", after=[lambda: out.fill_(7)])
+    gated.device.hold(gated.device.side)
+    request.done = True
+    assert not pending.test(), "completed before the local steps ran"
+    assert out.tolist() == [0.0, 0.0]
+    gated.device.release(gated.device.side)
+    assert pending.test() and out.tolist() == [7.0, 7.0]
+    assert ("call", "side") in gated.device.trace
+
+
+def test_a_blocking_call_ends_with_its_local_steps_queued_on_the_callers_stream():
+    gated = Gated()
+    out = torch.zeros(2)
+    pending, request = gated.call("all_gather", after=[lambda: out.fill_(7)])
+    request.done = True
+    gated.device.hold(gated.device.user)  # the caller's stream is busy: the steps queue behind its work
+    complete_inline(pending, ("all_gather", Group(), 1, None), 5.0)
+    assert out.tolist() == [0.0, 0.0] and gated.device.user.tasks
+    gated.device.release(gated.device.user)
+    assert out.tolist() == [7.0, 7.0] and gated.device.trace[-1] == ("call", "user")
+
+
+def test_a_refused_post_fails_its_work_runs_no_local_step_and_the_next_one_still_posts():
+    gated = Gated()
+    out = torch.zeros(1)
+    refused, _ = gated.call("refused", after=[lambda: out.fill_(1)], refuse=True)
+    ok, request = gated.call("ok")
+    assert refused.test()
+    with pytest.raises(UCCError, match="hpccomm refused on UCC: ucc_collective_post: refused"):
+        refused.finish()
+    assert out.item() == 0.0 and gated.posts == ["refused", "ok"]
+    request.done = True
+    assert ok.test()
+
+
+def test_a_ucc_error_fails_the_work():
+    gated = Gated()
+    pending, request = gated.call("all_reduce")
+    request.done, request.error = True, "Timeout expired"
+    assert pending.test()
+    with pytest.raises(UCCError, match="hpccomm all_reduce on UCC: Timeout expired"):
+        pending.finish()
+
+
+def test_every_thread_that_tests_binds_the_device_first():
+    gated = Gated()
+    pending, request = gated.call("all_reduce")
+    worker = threading.Thread(target=pending.test)
+    worker.start()
+    worker.join()
+    assert gated.device.bound_threads == {worker.ident}
+
+
+def test_tensors_are_held_until_ucc_is_done_with_them():
+    gated = Gated()
+    x = torch.ones(8)
+    gone = weakref.ref(x)
+    gated.device.hold(gated.device.user)
+    pending, request = gated.call("send", keep=x)
+    del x
+    gc.collect()
+    assert gone() is not None, "the tensor was released before UCC had it"
+    gated.device.release(gated.device.user)
+    assert not pending.test()
+    request.done = True
+    del request
+    assert pending.test()
+    pending.finish()
+    del pending
+    gc.collect()
+    assert gone() is None, "the tensor was kept after the work completed"
+
+
+def test_a_blocking_operation_whose_inputs_never_come_times_out_unposted():
+    gated = Gated()
+    gated.device.hold(gated.device.user)  # never released
+    pending, request = gated.call("all_reduce")
+    with pytest.raises(CommTimeoutError, match="Timed out waiting"):
+        complete_inline(pending, ("all_reduce", Group(), 1, None), 0.2)
+    assert not request.posted and len(gated.order) == 1  # the transport then keeps its team as in flight
+
+
+def test_an_aborted_group_ends_the_wait():
+    gated = Gated()
+    pending, _request = gated.call("all_reduce")  # posted, never ends
+    group = Group()
+    work = HpcWork(pending, [], ("all_reduce", group, 1, None), 30.0)
+    group.closed = "aborted"
+    with pytest.raises(GroupClosedError, match="aborted"):
+        work.wait()
+
+
+# -- which path serves which operation ---------------------------------------------------------
+
+
+class Recorder(Transport):
+    """Records which operations reach it (a stand-in for one path; both paths are tested for real)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattribute__(self, name: str):
+        if name in ("calls", "__dict__", "__class__") or name.startswith("_"):
+            return object.__getattribute__(self, name)
+        calls = object.__getattribute__(self, "calls")
+        return lambda *args: calls.append(name)
+
+
+def test_collectives_go_by_a_size_every_rank_sees_alike_and_point_to_point_is_staged():
+    staged, ucc = Recorder(), Recorder()
+    paths = BySize(staged, ucc, staged_max_bytes=64)
+    small, large = torch.zeros(16), torch.zeros(17)  # 64 and 68 bytes
+    paths.allreduce([small], None)
+    paths.allreduce([large], None)
+    paths.allreduce([small, small], None)  # 128 bytes in one call
+    paths.broadcast(small, 0)
+    paths.reduce(large, 0, None)
+    paths.allgather([torch.zeros(8), torch.zeros(8)], torch.zeros(8))  # output 64 bytes
+    paths.allgather_into(torch.zeros(32), torch.zeros(16))  # output 128 bytes
+    paths.reduce_scatter_from(torch.zeros(8), torch.zeros(16), None)  # input 64 bytes
+    paths.gather(None, large, 0)  # a non-root passes no outputs: the tensor decides
+    paths.scatter(small, None, 0)
+    paths.alltoall_single(torch.zeros(1), torch.zeros(1), [1], [1])  # sizes differ by rank: always UCC
+    paths.barrier()
+    paths.send(large, 1, 0)
+    paths.recv(large, None, 0)
+    assert staged.calls == ["allreduce", "broadcast", "allgather", "reduce_scatter_from", "scatter",
+                            "barrier", "send", "recv"]
+    assert ucc.calls == ["allreduce", "allreduce", "reduce", "allgather_into", "gather", "alltoall_single"]
+
+
+def test_zero_sends_every_collective_to_device_memory():
+    staged, ucc = Recorder(), Recorder()
+    BySize(staged, ucc, staged_max_bytes=0).allreduce([torch.zeros(1)], None)
+    BySize(staged, ucc, staged_max_bytes=0).broadcast(torch.zeros(0), 0)
+    assert ucc.calls == ["allreduce"] and staged.calls == ["broadcast"]  # 0 bytes <= 0: no data to move
+
+
+def test_reductions_the_device_cannot_do_stay_staged_and_point_to_point_can_go_to_the_device():
+    staged, device = Recorder(), Recorder()
+    paths = BySize(staged, device, staged_max_bytes=0, host_reduced=frozenset({torch.bfloat16}), p2p_on_device=True)
+    half = torch.zeros(64, dtype=torch.bfloat16)
+    paths.allreduce([half], None)
+    paths.reduce(half, 0, None)
+    paths.reduce_scatter_from(torch.zeros(32, dtype=torch.bfloat16), half, None)
+    paths.broadcast(half, 0)  # no reduction: on the device
+    paths.allreduce([torch.zeros(64)], None)
+    paths.send(torch.zeros(1), 1, 0)
+    paths.recv(torch.zeros(1), 1, 0)
+    paths.barrier()
+    assert staged.calls == ["allreduce", "reduce", "reduce_scatter_from", "barrier"], staged.calls
+    assert device.calls == ["broadcast", "allreduce", "send", "recv"], device.calls
+
+
+def test_the_staged_limit_setting(monkeypatch):
+    from hpccomm import config
+
+    assert config._read().cuda_staged_max_bytes == 1 << 20
+    monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "0")
+    assert config._read().cuda_staged_max_bytes == 0
+    monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "1MiB")
+    with pytest.raises(ValueError, match="HPCCOMM_CUDA_STAGED_MAX_BYTES='1MiB' is not a whole number of bytes"):
+        config._read()
+    monkeypatch.delenv("HPCCOMM_CUDA_STAGED_MAX_BYTES")
+    assert config._read().ucc_triggered is False
+    monkeypatch.setenv("HPCCOMM_UCC_TRIGGERED", "1")
+    assert config._read().ucc_triggered is True

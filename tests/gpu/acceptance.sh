@@ -15,7 +15,8 @@
 # Open MPI, and no network. 'run' builds UCC with CUDA there (tests/gpu/build_ucc.sh, about 2 minutes), installs
 # hpccomm against it from this checkout (no dependencies fetched), then writes into $OUT (default ./gpu-out):
 # environment.txt (GPU, torch, MPI, UCC's CUDA support, the route hpccomm picks for CUDA), ucc-build.txt,
-# pytest-1.txt and pytest-2.txt (tests/gpu twice: every check on the staged path and on UCC),
+# pytest-1.txt and pytest-2.txt (tests/gpu twice: every check on the staged path, on UCC, and on MPI where it
+# is CUDA-aware),
 # bench-<path>.md (benchmarks/cuda_allreduce.py per path: staged, ucc at every size, auto: hpccomm against
 # Gloo, 4 B to 64 MiB; the crossover for HPCCOMM_CUDA_STAGED_MAX_BYTES is where ucc's column beats staged's),
 # perftest.txt (ucc_perftest all-reduce on CUDA memory, 16 MiB and up, for the busbw ratio), floor.md
@@ -69,11 +70,15 @@ run)
     fi
   fi
   python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$out/install.log" 2>&1
+  if [ "$(python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
+    paths="$paths mpi"
+  fi
   {
     nvidia-smi || true
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
     python3 -m hpccomm info
     python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
+    python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
     python3 -c 'import logging, hpccomm; from hpccomm.transports import selection
 logging.basicConfig(level=logging.INFO); print(selection.routes())'
   } >"$out/environment.txt" 2>&1
@@ -85,6 +90,7 @@ logging.basicConfig(level=logging.INFO); print(selection.routes())'
     case $path in
       staged) env=(HPCCOMM_TRANSPORT=cuda:staged) ;;
       ucc) env=(HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0) ;;
+      mpi) env=(HPCCOMM_TRANSPORT=cuda:mpi HPCCOMM_CUDA_STAGED_MAX_BYTES=0) ;;
       auto) [ "$paths" = staged ] && continue; env=() ;;
     esac
     env "${env[@]}" hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py >"$out/bench-$path.md" 2>&1 || true

@@ -8,9 +8,11 @@ call; the compute stream running during a collective; CUDA graph capture
 refused; a missing peer timing out; DDP on CUDA against single-process
 training, FSDP2 on a CUDA device mesh. Also ``hpccomm info`` naming the route
 for CUDA tensors. Each on both paths: ``staged`` (through host memory) and
-``ucc`` (UCC on device memory, host-gated, every collective on UCC); the UCC
-one runs where ``HPCCOMM_GPU_PATHS`` lists it (tests/gpu/acceptance.sh sets it
-once it has built UCC with CUDA) and skips otherwise, saying so. The ordering
+``ucc`` (UCC on device memory, host-gated, every collective on UCC) and
+``mpi`` (a CUDA-aware MPI on device memory); the last two run where
+``HPCCOMM_GPU_PATHS`` lists them (tests/gpu/acceptance.sh lists ucc once it
+has built UCC with CUDA, mpi where the MPI is CUDA-aware) and skip otherwise,
+saying so. The ordering
 logic itself is tested on the CPU as well (tests/test_host_staged.py,
 tests/test_ucc_cuda.py).
 """
@@ -37,12 +39,14 @@ pytestmark = pytest.mark.skipif(
 PATHS = {
     "staged": {"HPCCOMM_TRANSPORT": "cuda:staged"},
     "ucc": {"HPCCOMM_TRANSPORT": "cuda:ucc", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0"},
+    "mpi": {"HPCCOMM_TRANSPORT": "cuda:mpi", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0"},
 }
 
 
 def path_env(path: str) -> dict[str, str]:
     if path not in os.environ.get("HPCCOMM_GPU_PATHS", "staged").split():
-        pytest.skip(f"HPCCOMM_GPU_PATHS does not list {path} (tests/gpu/acceptance.sh lists ucc once UCC is built)")
+        pytest.skip(f"HPCCOMM_GPU_PATHS does not list {path} (tests/gpu/acceptance.sh lists ucc once UCC is built, "
+                    "mpi where the MPI is CUDA-aware)")
     return PATHS[path]
 
 

@@ -20,8 +20,10 @@ blocking call's stream then waits on a fence after them; the host still
 polls UCC's requests until they end (no other thread would progress them).
 Off by default: it has not run on a GPU.
 
-Tested without a GPU (``tests/test_ucc_cuda.py``: scripted requests, and real
-UCC on host memory, with the tests' simulated device).
+Tested without a GPU, with the tests' simulated device: every operation over
+real UCC on host memory (``tests/test_ucc_cuda.py``), the ordering with
+scripted requests (``tests/test_device_gated.py``). The triggered posts have
+not run anywhere: UCC's execution engines need CUDA.
 """
 
 from __future__ import annotations
@@ -160,15 +162,16 @@ def _engine(team: Team, ops: DeviceOps) -> Any:
 class TriggeredPending:
     """A triggered operation: done for the host once UCC's requests have ended and the side stream passed ``fence``.
 
-    ``test_inline`` (a blocking call) ends once the caller's stream waits on
-    ``fence``: stream semantics, the host does not block on the collective.
+    A blocking call (``test_inline``) ends once the requests have ended, with
+    the caller's stream waiting on ``fence`` (the local steps on the side
+    stream may still run). The host polls until the requests end because no
+    other thread progresses a blocking call's requests.
     """
 
     def __init__(self, ops: DeviceOps, requests: UCCPending, fence: Any) -> None:
         self._ops = ops
         self._requests = requests
         self._fence = fence
-        self._error: BaseException | None = None
 
     def test(self) -> bool:
         self._ops.bind_thread()
@@ -177,9 +180,8 @@ class TriggeredPending:
         return self._ops.query(self._fence)
 
     def test_inline(self) -> bool:
-        # The caller's stream waits on the fence; the host still polls until UCC's requests
-        # have ended, as no other thread progresses a blocking call's requests.
-        if not self.test():
+        self._ops.bind_thread()
+        if not self._requests.test():
             return False
         self._ops.wait_event(self._ops.current_stream(), self._fence)
         return True

@@ -7,8 +7,10 @@ Per size (bytes of float32), each round times ``--iters`` blocking
 ``torch.cuda.synchronize()`` so that every byte has landed, after a barrier;
 a row shows the median over rounds of the slowest rank's time per call and
 Gloo's time / hpccomm's (above 1: hpccomm faster). Which path hpccomm takes
-for CUDA tensors is in its log line (``HPCCOMM_TRANSPORT``; today: through
-host memory). Run by tests/gpu/acceptance.sh; prints a Markdown table.
+for CUDA tensors is in its log line and the table's title
+(``HPCCOMM_TRANSPORT``, ``HPCCOMM_CUDA_STAGED_MAX_BYTES``): run it once per
+path to choose the size threshold. Run by tests/gpu/acceptance.sh; prints a
+Markdown table.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import time
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from hpccomm.config import settings
 
 
 def timed(tensor: torch.Tensor, group: dist.ProcessGroup, iters: int) -> float:
@@ -56,7 +59,11 @@ def main() -> None:
         medians = {name: statistics.median(values[1:]) for name, values in samples.items()}
         rows.append((size, medians["hpccomm"], medians["gloo"]))
     if dist.get_rank() == 0:
+        from hpccomm.transports import selection
+
+        route = selection.routes().get("cuda")
         print(f"# torch {torch.__version__}, {dist.get_world_size()} ranks, {torch.cuda.get_device_name(device)}; "
+              f"CUDA route {route} (HPCCOMM_CUDA_STAGED_MAX_BYTES={settings.cuda_staged_max_bytes}); "
               f"median of {args.rounds} rounds, slowest rank, us per call")
         print("| bytes | hpccomm us | gloo us | gloo / hpccomm |\n|---|---|---|---|")
         for size, ours, theirs in rows:

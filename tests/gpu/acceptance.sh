@@ -19,7 +19,8 @@
 # is CUDA-aware),
 # bench-<path>.md (benchmarks/cuda_allreduce.py per path: staged, ucc at every size, auto: hpccomm against
 # Gloo, 4 B to 64 MiB; the crossover for HPCCOMM_CUDA_STAGED_MAX_BYTES is where ucc's column beats staged's),
-# perftest.txt (ucc_perftest all-reduce on CUDA memory, 16 MiB and up, for the busbw ratio), floor.md
+# perftest.txt (ucc_perftest all-reduce on CUDA memory, 16 MiB and up, for the busbw ratio), ucc-trace.txt
+# (UCC_COLL_TRACE=info: the team layer serving each collective on CUDA memory), floor.md
 # (benchmarks/cuda_staging_floor.py). Exit status: that of the test passes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -95,7 +96,10 @@ logging.basicConfig(level=logging.INFO); print(selection.routes())'
     esac
     env "${env[@]}" hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py >"$out/bench-$path.md" 2>&1 || true
   done
-  if [ "$paths" != staged ]; then
+  if [[ " $paths " == *" ucc "* ]]; then
+    # Which UCC team layer serves each collective on CUDA memory.
+    UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 timeout 120 hpccomm-run -n 2 \
+      python3 benchmarks/cuda_allreduce.py --sizes 4,1048576 --rounds 1 --iters 1 >"$out/ucc-trace.txt" 2>&1 || true
     timeout 300 mpirun -n 2 -x LD_LIBRARY_PATH -x UCX_MEMTYPE_CACHE=n "$UCC_HOME/bin/ucc_perftest" -c allreduce \
       -m cuda -b 16777216 -e 67108864 >"$out/perftest.txt" 2>&1 || true
   fi

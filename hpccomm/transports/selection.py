@@ -130,20 +130,17 @@ def _require_ucc(device: str, ucc: UCCStatus | None) -> None:
 
 
 def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
+    limit = settings.cuda_staged_max_bytes
+    small = f"collectives up to {limit} bytes, " if limit else ""
     if device == "cuda" and name == "mpi":
-        limit = settings.cuda_staged_max_bytes
-        return (f" (CUDA-aware) on device memory, host-gated; collectives up to {limit} bytes and 16-bit float "
-                "reductions staged through host memory")
+        return f" (CUDA-aware) on device memory, host-gated; {small}16-bit float reductions staged through host memory"
     if name != "ucc" or ucc is None:
         return ""
     paths = f"UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx}"
     if device != "cuda":
         return f" ({paths})"
-    limit = settings.cuda_staged_max_bytes
-    staged = f"collectives up to {limit} bytes and point-to-point staged through host memory" if limit else (
-        "point-to-point staged through host memory")
     posting = "triggered on a stream" if settings.ucc_triggered else "host-gated"
-    return f" on device memory, {posting}; {staged} ({paths})"
+    return f" on device memory, {posting}; {small}point-to-point staged through host memory ({paths})"
 
 
 def _why_none(device: str, wanted: str) -> str:

@@ -225,7 +225,7 @@ class UCCTransport(Transport):
 
     # -- element-wise collectives ------------------------------------------
 
-    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
+    def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
         if len(tensors) == 1:
             plan = self._allreduce_plans.get(id(reduction))
             tensor = tensors[0]
@@ -251,7 +251,7 @@ class UCCTransport(Transport):
                 self._allreduce_plans[id(reduction)] = (reduction, args, args.dst.info)
         return self._pending(requests, after, "all_reduce")
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> UCCPending:
+    def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
         after: After = []
         work = staged(tensor, after)
         if not work.numel():
@@ -261,7 +261,7 @@ class UCCTransport(Transport):
         self._info(args.src.info, work)
         return self._pending([self._post(args, work)], after, "broadcast")
 
-    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> UCCPending:
+    def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
         red = self._reduction("reduce", reduction, tensor.dtype)
         after: After = []
         if self._rank == root:
@@ -280,7 +280,7 @@ class UCCTransport(Transport):
 
     # -- gathers and scatters ---------------------------------------------
 
-    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> UCCPending:
+    def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
         counts = [out.numel() for out in outputs]
         send = tensor.contiguous()
         flat = torch.empty(sum(counts), dtype=tensor.dtype, device=self._device)
@@ -290,7 +290,7 @@ class UCCTransport(Transport):
         request = self._post(args, (send, flat, arrays))
         return self._pending([request], [scatter_back(flat, outputs)], "all_gather")
 
-    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> UCCPending:
+    def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
         after: After = []
         recv = staged(output, after, copy_in=False)
         if not recv.numel():
@@ -306,7 +306,7 @@ class UCCTransport(Transport):
         self._info(args.dst.info, recv)
         return self._pending([self._post(args, (send, recv))], after, "all_gather_into_tensor")
 
-    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> UCCPending:
+    def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
         send = tensor.contiguous()
         args = self._args(self._lib.UCC_COLL_TYPE_GATHERV, self._vector_flags())
         args.root = root
@@ -319,7 +319,7 @@ class UCCTransport(Transport):
         request = self._post(args, (send, flat, arrays))
         return self._pending([request], [scatter_back(flat, outputs)], "gather")
 
-    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> UCCPending:
+    def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
         # UCC's tl/ucp has no plain SCATTER: SCATTERV with equal counts.
         after: After = []
         recv = staged(output, after, copy_in=False)
@@ -332,7 +332,7 @@ class UCCTransport(Transport):
             keep = (recv, flat, self._info_v(args.src.info_v, flat, [t.numel() for t in inputs]))
         return self._pending([self._post(args, keep)], after, "scatter")
 
-    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> UCCPending:
+    def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
         red = self._reduction("reduce_scatter", reduction, output.dtype)
         counts = [t.numel() for t in inputs]
         send = concat(inputs, output.dtype)
@@ -348,7 +348,7 @@ class UCCTransport(Transport):
         args.dst.info_v.datatype = red.datatype
         return self._pending([self._post(args, (send, recv, arrays))], after, "reduce_scatter")
 
-    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> UCCPending:
+    def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
         red = self._reduction("reduce_scatter_tensor", reduction, tensor.dtype)
         after: After = []
         recv = self._reduced_in(output, red, after, copy_in=False)
@@ -363,7 +363,7 @@ class UCCTransport(Transport):
 
     # -- all-to-all ---------------------------------------------------------
 
-    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> UCCPending:
+    def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
         dtype = outputs[0].dtype
         send = concat(inputs, dtype)
         recv_counts = [t.numel() for t in outputs]
@@ -373,7 +373,7 @@ class UCCTransport(Transport):
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
-    ) -> UCCPending:
+    ) -> Pending:
         after: After = []
         recv = staged(output, after, copy_in=False)
         send = unaliased(tensor.contiguous(), recv)
@@ -389,7 +389,7 @@ class UCCTransport(Transport):
 
     # -- synchronisation and point-to-point ---------------------------------
 
-    def barrier(self) -> UCCPending:
+    def barrier(self) -> Pending:
         return self._pending([self._post(self._args(self._lib.UCC_COLL_TYPE_BARRIER), None)], (), "barrier")
 
     def send(self, tensor: torch.Tensor, peer: int, tag: int) -> Pending:

@@ -25,6 +25,7 @@ from test_host_staged import Group
 from hpccomm.transports import Transport
 from hpccomm.transports.call_order import CallOrder
 from hpccomm.transports.device_gated import BySize, GatedPending
+from hpccomm.transports.ucc import UCCPending
 from hpccomm.transports.ucc_cuda import GatedPost
 from hpccomm.ucc import UCCError
 from hpccomm.work import CommTimeoutError, GroupClosedError, HpcWork, complete_inline
@@ -60,7 +61,10 @@ class ScriptedRequest:
 
 
 class Gated:
-    """Operations through the host-gated path as UCCCudaTransport makes them (UCC's Pending and GatedPost), on a simulated device."""
+    """Operations through the host-gated path as UCCCudaTransport makes them, on a simulated device.
+
+    UCC's own Pending and GatedPost over scripted requests.
+    """
 
     def __init__(self) -> None:
         self.device = FakeDevice()
@@ -68,8 +72,6 @@ class Gated:
         self.posts: list[str] = []
 
     def call(self, name: str, after=(), keep: object = None, refuse: bool = False):
-        from hpccomm.transports.ucc import UCCPending
-
         request = ScriptedRequest(self.posts, name, keep, refuse)
         self.order.add(GatedPost(request, self.device.record(self.device.current_stream()), self.device))
         pending = GatedPending(self.order, self.order.queued, self.device, UCCPending([request], list(after), name))

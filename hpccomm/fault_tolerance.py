@@ -300,7 +300,6 @@ class FaultTolerantTransport(WrappingTransport):
             pass  # a revoked communicator of a failed group
 
 
-
 class _FailurePending:
     """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
 

@@ -100,20 +100,13 @@ class CudaOps:
         return torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
 
     def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: Any) -> None:
-        if not pairs:
-            return
+        if pairs:
+            self.call_on(stream, lambda: [dst.copy_(src, non_blocking=True) for dst, src in pairs])
+
+    def call_on(self, stream: Any, queue_work: Callable[[], None]) -> None:
         # set_stream rather than `with torch.cuda.stream(...)`, which also looks up the current
         # device and its stream: 2.9-3.1 us against 8.8-9.4 us a switch (H200, torch 2.11); a 4-byte
         # staged all_reduce went from 77 to 59 us (benchmarks/cuda_staging_floor.py).
-        previous = torch.cuda.current_stream(self._index)
-        torch.cuda.set_stream(stream)
-        try:
-            for dst, src in pairs:
-                dst.copy_(src, non_blocking=True)
-        finally:
-            torch.cuda.set_stream(previous)
-
-    def call_on(self, stream: Any, queue_work: Callable[[], None]) -> None:
         previous = torch.cuda.current_stream(self._index)
         torch.cuda.set_stream(stream)
         try:
@@ -152,18 +145,16 @@ def _bind_primary_context(index: int) -> None:
     global _driver
     if _driver is None:
         _driver = ctypes.CDLL("libcuda.so.1")
+    device = ctypes.c_int()
+    _driver_call("cuDeviceGet", ctypes.byref(device), index)
     current = ctypes.c_void_p()
     _driver_call("cuCtxGetCurrent", ctypes.byref(current))
     if not current.value:
-        device = ctypes.c_int()
-        _driver_call("cuDeviceGet", ctypes.byref(device), index)
         _driver_call("cuDevicePrimaryCtxRetain", ctypes.byref(current), device)
         _driver_call("cuCtxSetCurrent", current)
     ordinal = ctypes.c_int()
     _driver_call("cuCtxGetDevice", ctypes.byref(ordinal))
-    expected = ctypes.c_int()
-    _driver_call("cuDeviceGet", ctypes.byref(expected), index)
-    if ordinal.value != expected.value:
+    if ordinal.value != device.value:
         raise RuntimeError(
             f"hpccomm: thread {threading.current_thread().name} has CUDA device {ordinal.value} current, "
             f"not the group's (cuda:{index})"

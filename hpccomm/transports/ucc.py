@@ -113,8 +113,8 @@ class UCCTransport(Transport):
         self._rank = team.rank
         binding = team.binding
         self._ffi, self._lib = binding.ffi, binding.lib
-        on_device = self._device.type == "cuda"
-        self._mem_type = self._lib.UCC_MEMORY_TYPE_CUDA if on_device else self._lib.UCC_MEMORY_TYPE_HOST
+        self._on_device = self._device.type == "cuda"
+        self._mem_type = self._lib.UCC_MEMORY_TYPE_CUDA if self._on_device else self._lib.UCC_MEMORY_TYPE_HOST
         # Hot-path lookups held here: each attribute lookup through the binding costs.
         self._voidp = self._ffi.typeof("void *")
         self._cast = self._ffi.cast
@@ -161,8 +161,7 @@ class UCCTransport(Transport):
         return UCCPending(requests, after, what)
 
     def _reduction(self, op_name: str, reduction: Reduction, dtype: torch.dtype) -> ucc_types.UCCReduction:
-        on_device = self._mem_type != self._lib.UCC_MEMORY_TYPE_HOST
-        return ucc_types.reduction(self._lib, op_name, reduction, dtype, on_device)
+        return ucc_types.reduction(self._lib, op_name, reduction, dtype, self._on_device)
 
     # -- building arguments ------------------------------------------------
 

@@ -3,25 +3,6 @@
 
 #include <stddef.h>
 
-ucc_status_t hpccomm_ucc_start(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request)
-{
-    ucc_coll_req_h req = NULL;
-    ucc_status_t status = ucc_collective_init(args, &req, team);
-
-    *request = NULL;
-    if (status != UCC_OK) {
-        return status;
-    }
-    /* ucc_collective_init_and_post would do both, but UCC 1.8 does not implement it. */
-    status = ucc_collective_post(req);
-    if (status != UCC_OK) {
-        ucc_collective_finalize(req);
-        return status;
-    }
-    *request = req;
-    return UCC_OK;
-}
-
 ucc_status_t hpccomm_ucc_init(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request)
 {
     *request = NULL;
@@ -34,6 +15,22 @@ ucc_status_t hpccomm_ucc_post(ucc_coll_req_h request)
 
     if (status != UCC_OK) {
         ucc_collective_finalize(request);
+    }
+    return status;
+}
+
+ucc_status_t hpccomm_ucc_start(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_req_h *request)
+{
+    ucc_coll_req_h req = NULL;
+    /* ucc_collective_init_and_post would do both, but UCC 1.8 does not implement it. */
+    ucc_status_t status = hpccomm_ucc_init(team, args, &req);
+
+    *request = NULL;
+    if (status == UCC_OK) {
+        status = hpccomm_ucc_post(req);
+    }
+    if (status == UCC_OK) {
+        *request = req;
     }
     return status;
 }

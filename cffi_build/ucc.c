@@ -71,14 +71,17 @@ ucc_status_t hpccomm_ucc_ee_create(ucc_team_h team, void *cuda_stream, ucc_ee_h 
 
 ucc_status_t hpccomm_ucc_poll(ucc_context_h context, ucc_coll_req_h request)
 {
-    /* ucc_collective_test is this read (static inline in ucc.h). */
+    /* ucc_collective_test is this read (static inline in ucc.h). A positive
+     * status means "not done yet": UCC_INPROGRESS, or UCC_OPERATION_INITIALIZED,
+     * which a request keeps after a triggered post until its stream has reached
+     * it (and before any post). Only UCC_OK or an error ends it. */
     ucc_status_t status = request->status;
 
-    if (status == UCC_INPROGRESS) {
+    if (status > 0) {
         ucc_context_progress(context);
         status = request->status;
     }
-    if (status != UCC_INPROGRESS) {
+    if (status <= 0) {
         ucc_collective_finalize(request);
     }
     return status;

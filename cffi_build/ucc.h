@@ -29,9 +29,11 @@ ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request);
 /* An execution engine on a CUDA stream (a cudaStream_t, passed as a pointer). */
 ucc_status_t hpccomm_ucc_ee_create(ucc_team_h team, void *cuda_stream, ucc_ee_h *ee);
 
-/* One poll of a posted request: progress the context once unless the request
- * has already ended, and return its status. A request that has ended (UCC_OK
- * or an error) is finalized by this call and must not be used again. */
+/* One poll of a request: progress the context once unless the request has
+ * already ended, and return its status. A positive status (UCC_INPROGRESS, or
+ * UCC_OPERATION_INITIALIZED while a triggered post waits for its stream) is not
+ * an end. A request that has ended (UCC_OK or an error) is finalized by this
+ * call and must not be used again. */
 ucc_status_t hpccomm_ucc_poll(ucc_context_h context, ucc_coll_req_h request);
 
 #endif

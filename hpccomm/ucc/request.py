@@ -6,10 +6,13 @@
 the post later (:meth:`Request.post`, or :meth:`Request.post_on` a CUDA
 stream's execution engine): collectives must be initialised in the same order
 on every rank, but device memory is posted only once the caller's stream has
-produced it. Each :meth:`Request.test` of a posted request
-progresses the context once and reads the request's status, finalizing the
-request in the same C call once it has ended (``cffi_build/ucc.c``). An error
-status becomes a :class:`~hpccomm.ucc.errors.UCCError` from :meth:`Request.result`.
+produced it. Each :meth:`Request.test` progresses the context once and reads
+the request's status, finalizing the request in the same C call once it has
+ended (``cffi_build/ucc.c``). A positive status is not an end: UCC reports
+``UCC_OPERATION_INITIALIZED`` for a request initialised and not yet posted,
+and after a triggered post until the stream has reached it, then
+``UCC_INPROGRESS``. An error status becomes a
+:class:`~hpccomm.ucc.errors.UCCError` from :meth:`Request.result`.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ class Request:
     """One posted collective on a team. Made by :meth:`Team.post`.
 
     Attributes:
-        status: UCC_INPROGRESS until the request ends, then UCC_OK or an
-            error status.
+        status: positive (UCC_OPERATION_INITIALIZED, UCC_INPROGRESS) until
+            the request ends, then UCC_OK or an error status.
     """
 
     __slots__ = ("_team", "_handle", "_keep", "status", "_lib", "_lock", "_context")
@@ -48,7 +51,7 @@ class Request:
         self._lib = lib
         self._lock = team.context.lock
         self._context = team.context.handle
-        self.status = lib.UCC_INPROGRESS
+        self.status = lib.UCC_INPROGRESS if post else lib.UCC_OPERATION_INITIALIZED
 
     def post(self) -> None:
         """Post a request made with ``post=False``.
@@ -84,12 +87,16 @@ class Request:
         raise UCCError(status, f"{call}: {describe(self._team.binding, status)}")
 
     def test(self) -> bool:
-        """Progress once; True once the request has ended (successfully or not). Posted requests only."""
+        """Progress once; True once the request has ended (successfully or not).
+
+        A request initialised and not posted yet never ends: polling it only
+        progresses the context.
+        """
         if self._handle is None:
             return True
         with self._lock:
             status = self._lib.hpccomm_ucc_poll(self._context, self._handle)
-        if status == self._lib.UCC_INPROGRESS:
+        if status > 0:  # UCC_INPROGRESS, or UCC_OPERATION_INITIALIZED (not posted, or triggered and waiting)
             return False
         # Ended, and finalized by the poll: UCC no longer touches the buffers.
         self.status = status
@@ -105,6 +112,6 @@ class Request:
             what: the operation, for the message.
         """
         if self.status != self._lib.UCC_OK:
-            if self.status == self._lib.UCC_INPROGRESS:
+            if self.status > 0:
                 raise RuntimeError(f"{what}: the UCC request has not ended")
             raise UCCError(self.status, f"{what}: {describe(self._team.binding, self.status)}")

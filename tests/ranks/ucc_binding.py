@@ -78,6 +78,23 @@ def allreduce_on_a_subgroup_team_of_the_same_context() -> None:
 
 
 @check
+def an_initialised_request_has_not_ended_until_it_is_posted_and_done() -> None:
+    # UCC reports UCC_OPERATION_INITIALIZED (a positive status) for a request not yet posted, as it
+    # does after a triggered post until the stream reaches it: "not done", never an end or an error.
+    data = np.full(4, RANK + 1, dtype=np.float32)
+    request = team.post(allreduce_args(data), keep=data, post=False)
+    assert request.status == lib.UCC_OPERATION_INITIALIZED, request.status
+    for _ in range(100):
+        assert not request.test(), "an initialised, unposted request was taken for ended"
+    assert request.status == lib.UCC_OPERATION_INITIALIZED and request in team.live
+    expect_error(RuntimeError, "has not ended", lambda: request.result("allreduce"))
+    request.post()
+    wait(request)
+    assert np.all(data == SIZE * (SIZE + 1) / 2), data
+    assert request.status == lib.UCC_OK and not team.live
+
+
+@check
 def refusals_are_ucc_errors_with_ucc_status_string() -> None:
     args = allreduce_args(np.zeros(1, dtype=np.float32))
     args.coll_type = 0  # not a collective type

@@ -127,6 +127,17 @@ class Config:
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
             instead of once the host sees the inputs ready. Experimental: it
             has not run on a GPU.
+        ucc_in_place: ``HPCCOMM_UCC_IN_PLACE``: how UCC runs a reduction into
+            the caller's CUDA tensor (all-reduce, reduce at the root):
+            ``scratch`` reduces out of place into a buffer the group keeps
+            (torch's allocator, freed with the group), then copies it back on
+            the stream; ``native`` passes UCC's in-place flag (tl/ucp then
+            pipelines it in 1 MiB fragments: many times slower on a GPU);
+            ``tuned`` passes the flag with UCC's pipelining off and its CUDA
+            pool's elements at 64 MiB (set before UCC starts unless you set
+            ``UCC_TL_UCP_ALLREDUCE_SRA_KN_PIPELINE`` or
+            ``UCC_MC_CUDA_MPOOL_ELEM_SIZE``). The GPU acceptance run measures
+            all three.
         ft: ``HPCCOMM_FT``: ``1`` is fault-tolerant mode (``hpccomm-run
             --ft`` sets it): a rank's death no longer ends the job; the
             survivors' operations on groups that contain it raise
@@ -146,6 +157,7 @@ class Config:
     transports: tuple[tuple[str, str], ...]
     cuda_staged_max_bytes: int
     ucc_triggered: bool
+    ucc_in_place: str
     ft: bool
 
 
@@ -162,6 +174,7 @@ def _read() -> Config:
         transports=_transports("HPCCOMM_TRANSPORT"),
         cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", 1 << 20),
         ucc_triggered=_flag("HPCCOMM_UCC_TRIGGERED"),
+        ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),
     )
 

@@ -242,6 +242,7 @@ def _cuda_transport(comm: Any, global_ranks: list[int], timeout: timedelta, rout
         from .transports import ucc_cuda
 
         return ucc_cuda.cuda_transport(
-            on_device, global_ranks, timeout.total_seconds(), staged, ops, device, limit, settings.ucc_triggered
+            on_device, global_ranks, timeout.total_seconds(), staged, ops, device, limit, settings.ucc_triggered,
+            settings.ucc_in_place,
         )
     return staged

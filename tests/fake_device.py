@@ -54,6 +54,8 @@ class FakeDevice:
         self._events = 0
         #: The threads that bound the device (:meth:`bind_thread`).
         self.bound_threads: set[int] = set()
+        #: The stream whose queued function is running, which is then the current one.
+        self._running: FakeStream | None = None
 
     # -- test controls ------------------------------------------------------------------
 
@@ -88,7 +90,11 @@ class FakeDevice:
                             dst, src = arg
                             dst.copy_(src)
                         elif kind == "call":
-                            arg()
+                            running, self._running = self._running, stream  # current while it runs, as on a GPU
+                            try:
+                                arg()
+                            finally:
+                                self._running = running
                         self.trace.append((kind, stream.name))
 
     def _queue(self, stream: FakeStream, task: tuple[str, Any]) -> None:
@@ -99,7 +105,7 @@ class FakeDevice:
     # -- DeviceOps ------------------------------------------------------------------------
 
     def current_stream(self) -> FakeStream:
-        return self.user
+        return self._running or self.user
 
     def side_stream(self) -> FakeStream:
         return self.side

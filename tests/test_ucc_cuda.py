@@ -17,11 +17,14 @@ from hpccomm.ucc import binding
 
 
 @needs_ucc
+@pytest.mark.parametrize("in_place", ["scratch", "native"])
 @pytest.mark.parametrize("nprocs", [2, 3])
-def test_every_operation_on_ucc_gated_by_the_callers_stream(nprocs):
-    # The every-op values, async interleaving, one rank's inputs late while the others post
-    # (its requests initialised but not posted meanwhile), completion only once landed.
-    run = run_ranks(nprocs, "device_paths.py", env={**ON_UCC, "DEVICE_PATH": "ucc"})
+def test_every_operation_on_ucc_gated_by_the_callers_stream(nprocs, in_place):
+    # The every-op values (in-place reductions: every dtype and op, through the group's scratch or
+    # UCC's in-place flag), async interleaving, one rank's inputs late while the others post (its
+    # requests initialised but not posted meanwhile), completion only once landed.
+    env = {**ON_UCC, "DEVICE_PATH": "ucc", "HPCCOMM_UCC_IN_PLACE": in_place}
+    run = run_ranks(nprocs, "device_paths.py", env=env)
     assert_all_ranks_ok(run, nprocs)
 
 

@@ -163,6 +163,17 @@ class UCCTransport(Transport):
     def _reduction(self, op_name: str, reduction: Reduction, dtype: torch.dtype) -> ucc_types.UCCReduction:
         return ucc_types.reduction(self._lib, op_name, reduction, dtype, self._on_device)
 
+    def _in_place(self, args: Any, work: torch.Tensor, datatype: int, after: After) -> Any:
+        """Describe a reduction into ``work``, which is also its input; returns what the request must keep.
+
+        UCC's own in-place flag here; the transport on device memory reduces
+        out of place into its scratch instead (:mod:`~hpccomm.transports.scratch`).
+        """
+        args.mask |= self._lib.UCC_COLL_ARGS_FIELD_FLAGS
+        args.flags |= self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE
+        self._info(args.dst.info, work, datatype)
+        return work
+
     # -- building arguments ------------------------------------------------
 
     def _args(self, coll_type: int, flags: int = 0) -> Any:
@@ -225,29 +236,26 @@ class UCCTransport(Transport):
     # -- element-wise collectives ------------------------------------------
 
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
+        requests: list[Request] = []
+        after: After = []
         if len(tensors) == 1:
             plan = self._allreduce_plans.get(id(reduction))
             tensor = tensors[0]
             if plan is not None and plan[0] is reduction and tensor.is_contiguous() and tensor.numel():
-                info = plan[2]
-                info.buffer = self._cast(self._voidp, tensor.data_ptr())
-                info.count = tensor.numel()
-                return self._pending([self._post(plan[1], tensor)], (), "all_reduce")
-        requests: list[Request] = []
-        after: After = []
+                keep = self._in_place(plan[1], tensor, plan[2], after)
+                return self._pending([self._post(plan[1], keep)], after, "all_reduce")
         for tensor in tensors:
             red = self._reduction("all_reduce", reduction, tensor.dtype)
             work = self._reduced_in(tensor, red, after)
             if not work.numel():
                 continue
-            args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
+            args = self._args(self._lib.UCC_COLL_TYPE_ALLREDUCE)
             args.op = red.op
-            self._info(args.dst.info, work, red.datatype)
-            requests.append(self._post(args, work))
+            requests.append(self._post(args, self._in_place(args, work, red.datatype, after)))
             if len(tensors) == 1 and red.widen_to is None and not red.divide_by_size and red.premul_factor is None:
                 # UCC copied the args when it took them: kept for ``reduction``,
-                # later calls set only the buffer and count.
-                self._allreduce_plans[id(reduction)] = (reduction, args, args.dst.info)
+                # later calls set only the buffers and count (_in_place).
+                self._allreduce_plans[id(reduction)] = (reduction, args, red.datatype)
         return self._pending(requests, after, "all_reduce")
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
@@ -263,19 +271,20 @@ class UCCTransport(Transport):
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
         red = self._reduction("reduce", reduction, tensor.dtype)
         after: After = []
+        args = self._args(self._lib.UCC_COLL_TYPE_REDUCE)
         if self._rank == root:
             work = self._reduced_in(tensor, red, after)
-            args = self._args(self._lib.UCC_COLL_TYPE_REDUCE, self._lib.UCC_COLL_ARGS_FLAG_IN_PLACE)
-            self._info(args.dst.info, work, red.datatype)
+            if not work.numel():
+                return self._pending([], after, "reduce")
+            keep = self._in_place(args, work, red.datatype, after)
         else:
-            work = _sent(tensor, red)  # only the root's tensor changes
-            args = self._args(self._lib.UCC_COLL_TYPE_REDUCE)
+            keep = work = _sent(tensor, red)  # only the root's tensor changes
+            if not work.numel():
+                return self._pending([], after, "reduce")
             self._info(args.src.info, work, red.datatype)
-        if not work.numel():
-            return self._pending([], after, "reduce")
         args.root = root
         args.op = red.op
-        return self._pending([self._post(args, work)], after, "reduce")
+        return self._pending([self._post(args, keep)], after, "reduce")
 
     # -- gathers and scatters ---------------------------------------------
 

@@ -3,11 +3,19 @@
 The host-gated path of :mod:`~hpccomm.transports.device_gated` on UCC: any
 UCC team layer (tl/ucp over UCX's CUDA transports, tl/cuda, tl/nccl) can
 serve. At the call the collective is built as on host memory
-(:class:`~hpccomm.transports.ucc.UCCTransport`, through its two hooks) and
+(:class:`~hpccomm.transports.ucc.UCCTransport`, through its hooks) and
 its UCC request initialised, in call order as on every rank (UCC numbers
 collectives at initialisation); the post waits in the
 :class:`~hpccomm.transports.call_order.CallOrder` for the caller's stream.
 UCC's count arrays are held with the tensors until the request has ended.
+
+Reductions into the caller's tensor (all-reduce, reduce at the root) run out
+of place into the group's scratch (:mod:`~hpccomm.transports.scratch`), and
+the result is copied back as the first local step: UCC's in-place all-reduce
+on CUDA memory is many times slower than its out-of-place one
+(``HPCCOMM_UCC_IN_PLACE`` chooses: ``scratch``, ``native``, ``tuned``).
+An all-gather in place (FSDP2's) passes to UCC as it is: it reduces nothing
+and needs no scratch.
 
 Point-to-point and barriers go through the staged path: UCC has no
 point-to-point calls and the MPI here need not be CUDA-aware.
@@ -18,16 +26,21 @@ the caller's event, UCC starts the collective when the stream gets there and
 holds the stream until it has ended, and the local steps follow on it. A
 blocking call's stream then waits on a fence after them; the host still
 polls UCC's requests until they end (no other thread would progress them).
-Off by default: it has not run on a GPU.
+UCC reports such a request ``UCC_OPERATION_INITIALIZED`` until the stream
+has reached it: "not done", as :class:`~hpccomm.ucc.Request` reads it. Off by
+default: it has not run on a GPU.
 
 Tested without a GPU, with the tests' simulated device: every operation over
-real UCC on host memory (``tests/test_ucc_cuda.py``), the ordering with
-scripted requests (``tests/test_device_gated.py``). The triggered posts have
-not run anywhere: UCC's execution engines need CUDA.
+real UCC on host memory, in place through the scratch and through UCC's flag
+(``tests/test_ucc_cuda.py``), the ordering and the scratch with scripted
+requests (``tests/test_device_gated.py``, ``tests/test_scratch.py``); the
+INITIALIZED status over real UCC (``tests/ranks/ucc_binding.py``). The
+triggered posts have not run anywhere: UCC's execution engines need CUDA.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -35,14 +48,24 @@ from typing import Any
 import torch
 
 from ..ucc import Request, Team, UCCError
-from ..ucc.binding import cuda_support
+from ..ucc.binding import cuda_support, turn_off_memtype_cache
 from ..work import Pending
 from . import Transport
 from .call_order import CallOrder
 from .device_gated import BySize, GatedPending
 from .device_ops import DeviceOps
+from .scratch import Scratch
 from .staging import After
 from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
+
+
+#: ``HPCCOMM_UCC_IN_PLACE=tuned``: UCC's settings for in-place all-reduces on CUDA memory, set before
+#: UCC starts unless the user set them. tl/ucp cuts an in-place all-reduce into fragments of its CUDA pool's
+#: element (1 MiB by default) and cudaMallocs scratch larger than an element on every call
+#: (../shared/CUDA-NOTES.md): no fragments, and elements that hold a 64 MiB message (UCC allocates them on
+#: demand, at most UCC_MC_CUDA_MPOOL_MAX_ELEMS, 8 by default, outside torch's allocator).
+TUNED_IN_PLACE = {"UCC_TL_UCP_ALLREDUCE_SRA_KN_PIPELINE": "n", "UCC_MC_CUDA_MPOOL_ELEM_SIZE": "64Mb"}
+_logger = logging.getLogger("hpccomm")
 
 
 class GatedPost:
@@ -80,21 +103,27 @@ class UCCCudaTransport(UCCTransport):
         ops: the device's streams and events.
         device: the group's device (host memory for the tests' simulated device).
         triggered: post on an execution engine on the side stream (design (b)).
+        in_place: how reductions into the caller's tensor run (``HPCCOMM_UCC_IN_PLACE``):
+            ``scratch``, out of place into the group's :class:`~hpccomm.transports.scratch.Scratch`
+            then copied back on the stream; ``native`` or ``tuned``, UCC's in-place flag.
     """
 
     def __init__(
-        self, team: Team, staged: Transport, ops: DeviceOps, device: torch.device, triggered: bool = False
+        self, team: Team, staged: Transport, ops: DeviceOps, device: torch.device, triggered: bool = False,
+        in_place: str = "scratch",
     ) -> None:
         super().__init__(team, staged, device)
         self.ops = ops
         #: Requests initialised and waiting for the caller's stream, posted in call order.
         self.order = CallOrder()
         self._engine = _engine(team, ops) if triggered else None
+        #: Where reductions into the caller's tensors are written first; None: in place, by UCC.
+        self.scratch = Scratch(ops, device) if in_place == "scratch" else None
 
     @classmethod
     def for_group(  # type: ignore[override]
         cls, comm: Any, global_ranks: Sequence[int], timeout_s: float, staged: Transport, ops: DeviceOps,
-        device: torch.device, triggered: bool = False,
+        device: torch.device, triggered: bool = False, in_place: str = "scratch",
     ) -> UCCCudaTransport:
         """The transport for the group on ``comm`` (handed over: the team frees it). Collective.
 
@@ -105,19 +134,34 @@ class UCCCudaTransport(UCCTransport):
             missing = cuda_support()
             if missing is not None:
                 raise RuntimeError(f"hpccomm: UCC cannot carry CUDA tensors here: {missing}")
-            # UCX's memory-type cache made tl/ucp crash on CUDA memory (uct_mm_ep_am_short, H100,
-            # UCX 1.22): off unless the user chose. Read when the UCC context is made.
-            os.environ.setdefault("UCX_MEMTYPE_CACHE", "n")
+            # UCX's memory-type cache made tl/ucp crash on CUDA memory (uct_mm_ep_am_short, H100):
+            # off unless the user chose, where the loaded UCX has it. Before UCC's first CUDA buffer.
+            _logger.info("hpccomm: UCX memory-type cache for CUDA on UCC: %s", turn_off_memtype_cache())
+            if in_place == "tuned":
+                for name, value in TUNED_IN_PLACE.items():
+                    os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
-        return cls(team, staged, ops, device, triggered)
+        return cls(team, staged, ops, device, triggered, in_place)
 
     def close(self, in_flight: bool = False) -> None:
         # The staged transport is closed by its owner; an unposted request counts as in flight.
         if self._team is not None:
             self._team.destroy(in_flight or len(self.order) > 0)
             self._team = None
+        if self.scratch is not None:
+            self.scratch.close()
 
     # -- the hooks --------------------------------------------------------------------
+
+    def _in_place(self, args: Any, work: torch.Tensor, datatype: int, after: After) -> Any:
+        """Out of place into the scratch, copied back into ``work`` first among the local steps."""
+        if self.scratch is None:
+            return super()._in_place(args, work, datatype, after)
+        out, copy_back = self.scratch.take(work)
+        self._info(args.src.info, work, datatype)
+        self._info(args.dst.info, out, datatype)
+        after.insert(0, copy_back)
+        return work, out
 
     def _post(self, args: Any, keep: Any) -> Request:
         """Initialise now, in call order; queue the post behind the caller's stream (or trigger it on the engine)."""
@@ -192,7 +236,7 @@ class TriggeredPending:
 
 def cuda_transport(
     comm: Any, global_ranks: Sequence[int], timeout_s: float, staged: Transport, ops: DeviceOps,
-    device: torch.device, staged_max_bytes: int, triggered: bool = False,
+    device: torch.device, staged_max_bytes: int, triggered: bool = False, in_place: str = "scratch",
 ) -> BySize:
     """The group's CUDA transport: UCC on device memory, host memory up to ``staged_max_bytes``. Collective.
 
@@ -205,8 +249,9 @@ def cuda_transport(
         device: the group's device.
         staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
         triggered: ``HPCCOMM_UCC_TRIGGERED``.
+        in_place: ``HPCCOMM_UCC_IN_PLACE``.
     """
-    ucc = UCCCudaTransport.for_group(comm, global_ranks, timeout_s, staged, ops, device, triggered)
+    ucc = UCCCudaTransport.for_group(comm, global_ranks, timeout_s, staged, ops, device, triggered, in_place)
     return BySize(staged, ucc, staged_max_bytes)
 
 

@@ -124,6 +124,43 @@ def _mapped(fragment: str) -> str | None:
     return None
 
 
+def turn_off_memtype_cache() -> str:
+    """Turn UCX's memory-type cache off, where the loaded UCX has one and the user left it alone.
+
+    The cache made tl/ucp crash on CUDA memory (``uct_mm_ep_am_short``, H100,
+    UCX 1.22: ``../shared/FACTS.md``). UCX reads ``UCX_MEMTYPE_CACHE`` when its
+    base library loads, before hpccomm could set the variable, so the loaded
+    UCX's own option is set instead (``ucs_global_opts_set_value``), which
+    applies until UCX first makes the cache (at its first CUDA buffer). A UCX
+    without the option refuses it and is left as it is.
+
+    Returns:
+        What was done, for the log: ``off``, ``left to UCX_MEMTYPE_CACHE=<value>``,
+        ``not in this UCX`` or ``no UCX loaded``.
+    """
+    chosen = os.environ.get("UCX_MEMTYPE_CACHE")
+    if chosen is not None:
+        return f"left to UCX_MEMTYPE_CACHE={chosen}"
+    base = _mapped("libucs.so")
+    if base is None:
+        return "no UCX loaded"
+    ucs = ctypes.CDLL(base)  # the library already loaded: the same handle
+    if ucs.ucs_global_opts_set_value(b"MEMTYPE_CACHE", b"n") != 0:
+        return "not in this UCX"
+    return "off"
+
+
+def memtype_cache() -> str | None:
+    """The loaded UCX's memory-type cache setting (``try``, ``n``...), or None without UCX or the option."""
+    base = _mapped("libucs.so")
+    if base is None:
+        return None
+    value = ctypes.create_string_buffer(32)
+    if ctypes.CDLL(base).ucs_global_opts_get_value(b"MEMTYPE_CACHE", value, len(value)) != 0:
+        return None
+    return value.value.decode()
+
+
 def cuda_support() -> str | None:
     """Why the UCC loaded here cannot carry CUDA memory, or None where it can. Loads the binding.
 

@@ -32,6 +32,7 @@ from hpccomm.transports.device_gated import BySize  # noqa: E402
 from hpccomm.transports.mpi import MPITransport  # noqa: E402
 from hpccomm.transports.mpi_types import reduction  # noqa: E402
 from hpccomm.work import HpcWork, Pending, complete_inline  # noqa: E402
+from expected import ALL, combine, inputs, same, torch_op, valid_ops  # noqa: E402
 from rankcheck import check, run_all  # noqa: E402
 
 dist.init_process_group("hpccomm")
@@ -42,10 +43,12 @@ STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
 PATH = os.environ.get("DEVICE_PATH", "staged")
 GATED_PATH = PATH != "staged"  # a host-gated path on device memory: its CallOrder is checked too
 if PATH == "ucc":
+    from hpccomm.config import settings
     from hpccomm.transports.ucc_cuda import UCCCudaTransport
 
     GATED = UCCCudaTransport.for_group(
-        world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE, torch.device("cpu")
+        world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE, torch.device("cpu"),
+        in_place=settings.ucc_in_place,
     )
     TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0)
 elif PATH == "mpi":
@@ -93,6 +96,48 @@ def all_reduce_sum_avg_max_and_16_bit() -> None:
     h = torch.ones(7, dtype=torch.bfloat16)
     done(TRANSPORT.allreduce([h], red(dist.ReduceOp.SUM, h.dtype)))
     assert h.float().tolist() == [float(SIZE)] * 7, h
+
+
+@check
+def in_place_reductions_every_dtype_and_op() -> None:
+    # all_reduce, and reduce at every root, as the front hands them over (complex as itself, the
+    # reduction mapped): on UCC through the scratch or UCC's in-place flag (HPCCOMM_UCC_IN_PLACE).
+    for dtype in ALL:
+        for op in valid_ops(dtype):
+            ins = inputs(dtype, op, SIZE)
+            reduce_op = reduction("test", torch_op(op) if op == "premul" else dist.ReduceOp(op), dtype)
+            t = ins[RANK].clone()
+            done(TRANSPORT.allreduce([t], reduce_op))
+            same(t, combine(op, dtype, ins), f"all_reduce {dtype} {op}")
+            for root in range(SIZE):
+                t = ins[RANK].clone()
+                done(TRANSPORT.reduce(t, root, reduce_op))
+                same(t, combine(op, dtype, ins) if RANK == root else ins[RANK], f"reduce {dtype} {op} root {root}")
+
+
+@check
+def the_scratch_is_reused_and_each_operation_in_flight_has_its_own() -> None:
+    scratch = getattr(GATED, "scratch", None) if GATED_PATH else None
+    if scratch is None:
+        return  # staged, a CUDA-aware MPI, or UCC in place
+    x = torch.full((1000,), float(RANK))
+    done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
+    held = scratch.nbytes
+    assert held >= x.nbytes, held
+    for _ in range(5):  # one after another: the same buffer, no growth
+        done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
+    assert scratch.nbytes == held, (scratch.nbytes, held)
+    # In flight together (one rank's stream held, so none can complete): a buffer each, right values.
+    DEVICE.hold(DEVICE.side)
+    tensors = [torch.full((1000,), float(RANK + i)) for i in range(3)]
+    works = [HpcWork(TRANSPORT.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0) for t in tensors]
+    time.sleep(0.2)
+    assert scratch.nbytes == 3 * held, (scratch.nbytes, held)
+    DEVICE.release(DEVICE.side)
+    for work in works:
+        work.wait()
+    for i, t in enumerate(tensors):
+        assert t.tolist() == [ranks_sum(float(i))] * 1000, (i, t[:3])
 
 
 @check

@@ -1,0 +1,119 @@
+"""A group's scratch for out-of-place reductions (hpccomm/transports/scratch.py), without a GPU.
+
+The scratch's rules, with tests/fake_device.py: a buffer handed out is
+never handed out again while the request holds it or before its copy back
+has run on the stream; the copy back runs on the side stream after the
+collective has ended (the host-gated path, scripted requests from
+test_device_gated.py); buffers are reused, grow, and go with the group.
+Over real UCC, every dtype and op through it: tests/test_ucc_cuda.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import torch
+from fake_device import FakeDevice
+from test_device_gated import Gated
+
+from hpccomm.transports.scratch import GRANULE, Scratch
+
+
+def test_a_buffer_fits_the_target_and_its_step_copies_it_back_on_the_current_stream():
+    device = FakeDevice()
+    scratch = Scratch(device, torch.device("cpu"))
+    target = torch.zeros(2, 3, dtype=torch.float64)
+    out, copy_back = scratch.take(target)
+    assert out.dtype == target.dtype and out.numel() == target.numel() and out.dim() == 1
+    out.copy_(torch.arange(6, dtype=torch.float64))
+    device.hold(device.side)
+    device.call_on(device.side, copy_back)
+    assert target.sum() == 0, "copied before the side stream got there"
+    device.release(device.side)
+    assert target.flatten().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert scratch.nbytes == GRANULE
+
+
+def test_a_buffer_is_not_handed_out_again_while_held_or_before_its_copy_back_has_run():
+    device = FakeDevice()
+    scratch = Scratch(device, torch.device("cpu"))
+    target = torch.zeros(100)
+    out, copy_back = scratch.take(target)
+    address = out.data_ptr()
+    second, second_back = scratch.take(target)
+    assert second.data_ptr() != address, "handed out twice while the first request holds it"
+    del second, second_back  # its operation failed: the step (which holds the buffer too) is dropped
+    device.hold(device.side)
+    device.call_on(device.side, copy_back)  # queued, not yet run
+    del out, copy_back
+    gc.collect()
+    third, third_back = scratch.take(target)
+    assert third.data_ptr() != address, "handed out before its copy back ran"
+    assert scratch.nbytes == 2 * GRANULE  # the second's buffer, free again, was taken
+    device.release(device.side)
+    fourth, _ = scratch.take(target)
+    assert fourth.data_ptr() == address, "not reused once its copy back had run"
+    assert scratch.nbytes == 2 * GRANULE
+
+
+def test_a_failed_operation_frees_its_buffer_once_nothing_holds_it():
+    scratch = Scratch(FakeDevice(), torch.device("cpu"))
+    out, copy_back = scratch.take(torch.zeros(10))
+    address = out.data_ptr()
+    del out, copy_back  # the request ended with an error: the copy back never runs
+    again, _ = scratch.take(torch.zeros(10))
+    assert again.data_ptr() == address and scratch.nbytes == GRANULE
+
+
+def test_buffers_grow_by_replacing_a_free_one_and_the_smallest_that_fits_is_taken():
+    scratch = Scratch(FakeDevice(), torch.device("cpu"))
+    small, small_back = scratch.take(torch.zeros(10, dtype=torch.uint8))
+    del small, small_back
+    big, big_back = scratch.take(torch.zeros(GRANULE + 1, dtype=torch.uint8))
+    assert scratch.nbytes == 2 * GRANULE, "the free, too small buffer was kept beside the larger one"
+    del big, big_back
+    again, _ = scratch.take(torch.zeros(3, dtype=torch.int32))
+    assert again.numel() == 3 and scratch.nbytes == 2 * GRANULE
+
+
+def test_close_gives_the_memory_back_once_each_copy_back_has_run():
+    device = FakeDevice()
+    scratch = Scratch(device, torch.device("cpu"))
+    done, done_back = scratch.take(torch.zeros(4))
+    done_back()
+    pending, pending_back = scratch.take(torch.zeros(4))
+    device.hold(device.side)
+    device.call_on(device.side, pending_back)
+    storages = [weakref.ref(buffer.storage) for buffer in scratch._buffers]
+    del done, done_back, pending, pending_back
+    scratch.close()
+    gc.collect()
+    assert scratch.nbytes == 0
+    alive = [ref() is not None for ref in storages]
+    assert alive == [False, True], f"freed a buffer whose copy back had not run, or kept a free one: {alive}"
+    device.release(device.side)
+    Scratch(device, torch.device("cpu")).close()  # a later close drops what has become free
+    gc.collect()
+    assert all(ref() is None for ref in storages)
+
+
+def test_on_the_host_gated_path_the_copy_back_runs_on_the_side_stream_after_the_collective():
+    gated = Gated()
+    scratch = Scratch(gated.device, torch.device("cpu"))
+    target = torch.full((3,), 1.0)
+    out, copy_back = scratch.take(target)
+    pending, request = gated.call("all_reduce", after=[copy_back], keep=(target, out))
+    assert request.posted
+    out.fill_(6.0)  # what UCC writes into the scratch
+    gated.device.hold(gated.device.side)
+    request.done = True
+    assert not pending.test() and target.tolist() == [1.0, 1.0, 1.0], "copied back before the side stream ran"
+    gated.device.release(gated.device.side)
+    assert pending.test() and target.tolist() == [6.0, 6.0, 6.0]
+    pending.finish()
+    assert gated.device.trace.count(("call", "side")) == 1
+    del out, copy_back, pending, request
+    gc.collect()
+    reused, _ = scratch.take(target)
+    assert scratch.nbytes == GRANULE and reused.numel() == 3

@@ -62,3 +62,26 @@ def _components(library: str | None) -> list[str]:
 
     directory = os.path.join(os.path.dirname(library or ""), "ucc")
     return os.listdir(directory) if os.path.isdir(directory) else []
+
+
+@needs_ucc
+@pytest.mark.parametrize("chosen", [None, "try"])
+def test_the_memtype_cache_is_turned_off_in_the_loaded_ucx_unless_the_user_chose(chosen):
+    # UCX reads UCX_MEMTYPE_CACHE when it loads, before hpccomm could set it: the loaded UCX's own
+    # option is set instead (in a fresh process: the option is process-wide).
+    import os
+    import subprocess
+    import sys
+
+    script = ("from hpccomm.ucc import binding; binding.load(); before = binding.memtype_cache(); "
+              "print(before, binding.turn_off_memtype_cache(), binding.memtype_cache())")
+    env = {key: value for key, value in os.environ.items() if key != "UCX_MEMTYPE_CACHE"}
+    if chosen is not None:
+        env["UCX_MEMTYPE_CACHE"] = chosen
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    before, *done, after = proc.stdout.split()
+    if chosen is None:
+        assert before != "n" and (done, after) == (["off"], "n"), proc.stdout  # UCX's default is on ("try")
+    else:
+        assert (before, " ".join(done), after) == (chosen, f"left to UCX_MEMTYPE_CACHE={chosen}", chosen), proc.stdout

@@ -119,9 +119,10 @@ class Config:
             collectives of at most this many bytes go through host memory
             instead; ``0`` sends every collective there (but barriers, and a
             CUDA-aware MPI's 16-bit float reductions; UCC's point-to-point
-            is staged too). The default comes from 2 ranks
-            sharing one H100/H200 (docs/ucc-cuda.md); the GPU acceptance run
-            measures the crossover on the machine at hand.
+            is staged too). The default, 2 MiB, is estimated from 2 ranks
+            sharing one H200 (docs/ucc-cuda.md); ``python
+            benchmarks/cuda_allreduce.py --compare`` measures the crossover on
+            the machine at hand and prints the value to set.
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
             collectives on an execution engine on the group's side stream
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
@@ -172,7 +173,11 @@ def _read() -> Config:
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
-        cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", 1 << 20),
+        # 2 MiB: on an H200 shared by 2 ranks (../shared/FACTS.md, 2026-11-26) the staged path took 389 us at
+        # 1 MiB and 4,225 at 16 MiB (about 256 us a MiB between them), UCC out of place (ucc_perftest) 689-707
+        # us from 1 to 16 MiB: staged is faster up to about 2 MiB (est. 645 us). An estimate, not a measured
+        # crossover: the acceptance run measures it (benchmarks/cuda_allreduce.py --compare).
+        cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", 2 << 20),
         ucc_triggered=_flag("HPCCOMM_UCC_TRIGGERED"),
         ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import mpi_library
+import torch
 from launch import run_ranks
 
 SECTIONS = ("== versions", "== MPI", "== paths", "== launcher", "== topology", "== settings")
@@ -23,13 +24,15 @@ def test_info_without_a_launcher():
     assert "\0" not in out, "info printed a NUL byte (grep then calls its output binary)"
     for section in SECTIONS:
         assert section in out, out
-    import torch
-
     assert f"torch      {torch.__version__}" in out
     assert "thread level  multiple" in out or "thread level" in out
     for path in ("shared memory", "HPCCOMM_ALGO=", "bfloat16 reduction", "float16 reduction", "UCC", "CUDA"):
         assert path in out, out
     assert "UCC" in out and ("built without UCC" in out or "available" in out)
+    # One statement of where CUDA tensors go, from the same resolution the start-up log line uses.
+    assert out.count("route for CUDA tensors") == 1, out
+    if not torch.cuda.is_available():
+        assert "no route for CUDA tensors" in out, out
     assert "started by none (a world of one)" in out
     assert "hpccomm-run    -n 2 python train.py  ->" in out
     assert "1 rank(s) on 1 node(s)" in out

@@ -166,24 +166,15 @@ def cuda() -> dict[str, Any]:
     return {"available": True, "detail": f"CUDA {torch.version.cuda}", "devices": names, "route": _cuda_route()}
 
 
-#: What each transport does with CUDA tensors, for ``info``.
-_CUDA_ROUTES = {
-    "staged": "staged (through pinned host memory and the CPU transport)",
-    "ucc": "ucc (UCC on device memory; collectives up to HPCCOMM_CUDA_STAGED_MAX_BYTES and point-to-point staged)",
-    "mpi": "mpi (a CUDA-aware MPI on device memory; collectives up to HPCCOMM_CUDA_STAGED_MAX_BYTES and 16-bit "
-           "float reductions staged)",
-}
-
-
 def _cuda_route() -> str:
-    """The transport serving CUDA tensors in this process, or why none does."""
+    """The transport serving CUDA tensors in this process and how (the start-up log's words), or why none does."""
     from ..transports import selection
 
     try:
-        name = selection.routes().get("cuda")
+        route = selection.describe("cuda")
     except RuntimeError as exc:  # HPCCOMM_TRANSPORT names a transport this installation lacks
         return f"none: {exc}"
-    return _CUDA_ROUTES.get(name, name) if name else "none (HPCCOMM_TRANSPORT routes it nowhere)"
+    return route or "none (HPCCOMM_TRANSPORT routes it nowhere)"
 
 
 #: Config fields whose variable is not HPCCOMM_<FIELD>.

@@ -76,9 +76,9 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
     lines.append(f"{'UCC' + version:25s} {'available' if ucc['available'] else 'absent'}: {ucc['detail']}")
     devices = f": {', '.join(cuda['devices'])}" if cuda["devices"] else ""
     requested = ", ".join(f"{device}: {name}" for device, name in env.transports()["requested"].items())
-    lines.append(f"{'HPCCOMM_TRANSPORT':25s} {requested} (CPU auto: MPI; UCC serves host tensors when asked; "
-                 "CUDA auto: staged)")
-    route = f"; hpccomm route for CUDA tensors: {cuda['route']}" if cuda["route"] else ""
+    lines.append(f"{'HPCCOMM_TRANSPORT':25s} {requested} (auto: CPU tensors on MPI, CUDA tensors as the next line "
+                 "says; ucc: host tensors on UCC too)")
+    route = f"; route for CUDA tensors: {cuda['route']}" if cuda["route"] else "; no route for CUDA tensors"
     lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}{route}")
     return lines
 

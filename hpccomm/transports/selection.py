@@ -99,6 +99,23 @@ def routes() -> dict[str, str]:
     return chosen
 
 
+def describe(device: str) -> str | None:
+    """The transport serving ``device`` tensors and how, as the start-up log line says it; None if none does.
+
+    Raises:
+        RuntimeError: as :func:`routes`.
+    """
+    name = routes().get(device)
+    if name is None:
+        return None
+    ucc = None
+    if name == "ucc":
+        from ..ucc import status
+
+        ucc = status()
+    return f"{name}{_details(name, device, ucc)}"
+
+
 def _usable(name: str, device: str, ucc: UCCStatus | None) -> bool:
     if name != "ucc":
         return True
@@ -134,13 +151,18 @@ def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
     small = f"collectives up to {limit} bytes, " if limit else ""
     if device == "cuda" and name == "mpi":
         return f" (CUDA-aware) on device memory, host-gated; {small}16-bit float reductions staged through host memory"
+    if device == "cuda" and name == "staged":
+        return " (through pinned host memory and the CPU transport)"
     if name != "ucc" or ucc is None:
         return ""
     paths = f"UCC {ucc.version}: {ucc.library}; UCX: {ucc.ucx}"
     if device != "cuda":
         return f" ({paths})"
     posting = "triggered on a stream" if settings.ucc_triggered else "host-gated"
-    return f" on device memory, {posting}; {small}point-to-point staged through host memory ({paths})"
+    in_place = {"scratch": "out of place into the group's scratch", "native": "in place by UCC",
+                "tuned": "in place by UCC, unpipelined"}[settings.ucc_in_place]
+    return (f" on device memory, {posting}, in-place reductions {in_place}; {small}point-to-point staged "
+            f"through host memory ({paths})")
 
 
 def _why_none(device: str, wanted: str) -> str:

@@ -7,12 +7,14 @@ consumer after ``wait()``, 1,000 loops; tensors dropped right after an async
 call; the compute stream running during a collective; CUDA graph capture
 refused; a missing peer timing out; DDP on CUDA against single-process
 training, FSDP2 on a CUDA device mesh. Also ``hpccomm info`` naming the route
-for CUDA tensors. Each on both paths: ``staged`` (through host memory) and
-``ucc`` (UCC on device memory, host-gated, every collective on UCC) and
-``mpi`` (a CUDA-aware MPI on device memory); the last two run where
-``HPCCOMM_GPU_PATHS`` lists them (tests/gpu/acceptance.sh lists ucc once it
-has built UCC with CUDA, mpi where the MPI is CUDA-aware) and skip otherwise,
-saying so. The ordering
+for CUDA tensors. Each on every path: ``staged`` (through host memory),
+``ucc`` (UCC on device memory, host-gated, every collective on UCC, in-place
+reductions through the group's scratch), ``ucc-triggered`` (the same, posted
+on an execution engine: ``HPCCOMM_UCC_TRIGGERED=1``) and ``mpi`` (a
+CUDA-aware MPI on device memory); all but the first run where
+``HPCCOMM_GPU_PATHS`` lists them (tests/gpu/acceptance.sh lists the ucc ones
+once it has built UCC with CUDA, mpi where the MPI is CUDA-aware) and skip
+otherwise, saying so. The ordering
 logic itself is tested on the CPU as well (tests/test_host_staged.py,
 tests/test_ucc_cuda.py).
 """
@@ -39,6 +41,8 @@ pytestmark = pytest.mark.skipif(
 PATHS = {
     "staged": {"HPCCOMM_TRANSPORT": "cuda:staged"},
     "ucc": {"HPCCOMM_TRANSPORT": "cuda:ucc", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0"},
+    "ucc-triggered": {"HPCCOMM_TRANSPORT": "cuda:ucc", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0",
+                      "HPCCOMM_UCC_TRIGGERED": "1"},
     "mpi": {"HPCCOMM_TRANSPORT": "cuda:mpi", "HPCCOMM_CUDA_STAGED_MAX_BYTES": "0"},
 }
 
@@ -61,4 +65,7 @@ def test_info_names_the_route_for_cuda_tensors(path):
     proc = subprocess.run([sys.executable, "-m", "hpccomm", "info"], capture_output=True, text=True, timeout=120,
                           env=env)
     assert proc.returncode == 0, proc.stderr
-    assert f"hpccomm route for CUDA tensors: {path}" in proc.stdout, proc.stdout
+    assert proc.stdout.count("route for CUDA tensors") == 1, proc.stdout
+    assert f"route for CUDA tensors: {path.split('-')[0]} " in proc.stdout, proc.stdout
+    if path == "ucc-triggered":
+        assert "triggered on a stream" in proc.stdout, proc.stdout

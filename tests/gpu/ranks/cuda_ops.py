@@ -55,6 +55,29 @@ def all_reduce_sizes_from_empty_to_64_mib() -> None:
 
 
 @check
+def in_place_reductions_through_the_scratch_are_counted_and_freed_with_the_group() -> None:
+    # UCC on device memory (HPCCOMM_UCC_IN_PLACE=scratch, the default): an 8 MiB all-reduce writes
+    # into the group's scratch, from torch's allocator, which the group gives back when destroyed.
+    from hpccomm.config import settings
+
+    if os.environ.get("HPCCOMM_TRANSPORT") != "cuda:ucc" or settings.ucc_in_place != "scratch":
+        return
+    group = dist.new_group(list(range(SIZE)))
+    t = torch.full((1 << 21,), float(RANK + 1), device=DEVICE)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(DEVICE)
+    for _ in range(3):  # reused: one buffer, not three
+        dist.all_reduce(t, group=group)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated(DEVICE) - before
+    assert t.nbytes <= held < 2 * t.nbytes, (held, t.nbytes)
+    assert bool((t == (SIZE * (SIZE + 1) / 2) * SIZE**2).all()), t[:4]
+    dist.destroy_process_group(group)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated(DEVICE) == before, (torch.cuda.memory_allocated(DEVICE), before)
+
+
+@check
 def every_other_collective_and_point_to_point() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         mine = torch.full((5,), RANK + 1, dtype=dtype, device=DEVICE)

@@ -27,9 +27,11 @@ avoids; with one GPU per rank the single-rank floor is the one that applies.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import hpccomm  # noqa: F401
@@ -136,6 +138,7 @@ def main() -> None:
     parser.add_argument("--bytes", type=int, default=4)
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", help="write rank 0's table here (tests/gpu/targets.py reads it)")
     args = parser.parse_args()
     dist.init_process_group("hpccomm")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -160,6 +163,9 @@ def main() -> None:
         print("\n| host-side call (rank 0) | us |\n|---|---|")
         for name, us in host_costs(tensor, side, args.iters).items():
             print(f"| {name} | {us:.2f} |")
+        if args.json:
+            record = {"ranks": dist.get_world_size(), "bytes": args.bytes, "cases": list(cases), "per_rank": table}
+            Path(args.json).write_text(json.dumps(record))
     dist.barrier()  # the other ranks wait for rank 0's timings before the group goes
     dist.destroy_process_group()
 

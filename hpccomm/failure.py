@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .world import mpi, mpi_world_ranks
+from .world import Identity, mpi, mpi_world_ranks, on_identity
 
 _BYE_TAG = 7
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
@@ -84,6 +84,13 @@ def install(rank: int, world_size: int) -> None:
             _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, _BYE_TAG), buf)
     sys.excepthook = _aborting_hook(sys.excepthook)
     atexit.register(_say_goodbye, world_size)
+
+
+def _arm(identity: Identity) -> None:
+    install(identity.rank, identity.world_size)
+
+
+on_identity(_arm)  # armed as MPI starts: importing hpccomm imports this module first
 
 
 def after_goodbye(step: Callable[[], None]) -> bool:

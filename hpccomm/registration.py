@@ -65,6 +65,7 @@ def register() -> None:
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         # Only devices a transport carries: torch >= 2.14 wraps hpccomm for each one it is registered for.
         dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=selection.devices())
+    world.before_start(selection.load_ucc_first)
     rendezvous.install()
     if BACKEND_SHAPE:
         torch_gaps.mend()

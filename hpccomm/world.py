@@ -2,8 +2,10 @@
 
 MPI starts lazily, on the first call that needs it, so that ``import hpccomm``
 (and torch's entry-point scan) stays cheap and side-effect free. Starting it
-takes two steps: mpi4py loads the library without initialising it, hpccomm
-sets the library settings that apply to that library and version
+takes three steps: the steps upper layers gave :func:`before_start` run
+(hpccomm loads UCC there where a device is routed to it, so that MPI finds
+UCC's UCX already loaded), mpi4py loads the library without initialising it,
+hpccomm sets the library settings that apply to that library and version
 (:func:`hpccomm_run.library_defaults`; MPI reads them in ``MPI_Init``), then
 calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``. A program that
 imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
@@ -11,7 +13,10 @@ MPI is the single source of truth for rank, world size, local rank and local
 world size (those of ``MPI_COMM_WORLD``, or of the survivors once a
 fault-tolerant job has shrunk its default group: :func:`rebase`); they are
 exported as ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
-``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables. The node
+``LOCAL_WORLD_SIZE`` for libraries that read the torchrun variables, and
+given to the steps registered with :func:`on_identity` (fail-fast's arming,
+:mod:`hpccomm.failure`). This module imports none of hpccomm's upper layers:
+they register with it. The node
 of every world rank (:class:`WorldNodes`) is learnt at the same time, so any
 group's layout follows without communicating (:mod:`hpccomm.topology`).
 """
@@ -23,7 +28,7 @@ import os
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -88,9 +93,30 @@ def mpi() -> "_MPI":
     return _import_mpi()
 
 
+def before_start(step: Callable[[], None]) -> None:
+    """Run ``step`` before MPI starts (once, in the order given; again-given steps are ignored).
+
+    For what must be loaded ahead of MPI's own libraries: the upper layers know
+    what (UCC, where a device is routed to it: :mod:`hpccomm.registration`).
+    """
+    if step not in _before_start:
+        _before_start.append(step)
+
+
+def on_identity(step: Callable[[Identity], None]) -> None:
+    """Give ``step`` this process's :class:`Identity` once MPI has started (fail-fast arms itself so)."""
+    if step not in _on_identity:
+        _on_identity.append(step)
+
+
+_before_start: list[Callable[[], None]] = []
+_on_identity: list[Callable[[Identity], None]] = []
+
+
 def _import_mpi() -> "_MPI":
     global _MPI_MODULE
-    _load_transports_first()
+    for step in _before_start:
+        step()
 
     import mpi4py
 
@@ -156,19 +182,6 @@ def _finalize_at_exit(MPI: Any) -> None:
         MPI.Finalize()
 
 
-def _load_transports_first() -> None:
-    """Load UCC, where a device is routed to it, before MPI loads its own UCX (see hpccomm.ucc.binding)."""
-    from .transports import selection
-
-    if selection.wants_ucc():
-        from .ucc import UCCUnavailableError, load
-
-        try:
-            load()
-        except UCCUnavailableError:
-            pass  # building the first group says why, with the fix
-
-
 def identity() -> Identity:
     """Start MPI if needed and return this process's :class:`Identity`."""
     global _identity
@@ -179,9 +192,8 @@ def identity() -> Identity:
             _identity = _discover()
             _export_env(_identity)
             _report_thread_level(_identity)
-            from . import failure
-
-            failure.install(_identity.rank, _identity.world_size)
+            for step in _on_identity:
+                step(_identity)
     return _identity
 
 

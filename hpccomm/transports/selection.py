@@ -61,6 +61,20 @@ def wants_ucc() -> bool:
     return False
 
 
+def load_ucc_first() -> None:
+    """Load UCC, where a device is routed to it, before MPI loads its own UCX (see hpccomm.ucc.binding).
+
+    Run by :mod:`hpccomm.world` before MPI starts (:func:`hpccomm.world.before_start`).
+    """
+    if wants_ucc():
+        from ..ucc import UCCUnavailableError, load
+
+        try:
+            load()
+        except UCCUnavailableError:
+            pass  # building the first group says why, with the fix
+
+
 def routes() -> dict[str, str]:
     """The transport name (``mpi``, ``ucc``) serving each device that has one.
 

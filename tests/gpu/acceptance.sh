@@ -12,7 +12,7 @@
 # it the bundle has no UCC and 'run' tests the staged path alone. Bundle: about 50 MB with UCC (carry limit 64).
 #
 # The GPU machine (../shared/FACTS.md) has a Python 3.12 venv with torch (CUDA) and mpi4py on the system
-# Open MPI, and no network. 'run' builds UCC with CUDA there (tests/gpu/build_ucc.sh, about 2 minutes), installs
+# Open MPI, and no network. 'run' builds UCC with CUDA there (tests/build_ucc.sh --cuda, about 2 minutes), installs
 # hpccomm against it from this checkout (no dependencies fetched), then writes into $OUT (default ./gpu-out):
 # environment.txt (GPU, torch, MPI, UCC's CUDA support, the route hpccomm picks for CUDA), ucc-build.txt,
 # pytest-1.txt and pytest-2.txt (tests/gpu twice: every check on the staged path, on UCC, and on MPI where it
@@ -60,13 +60,12 @@ run)
   if [ -f "$bundle/ucc-source.tar.gz" ]; then
     ucc_tree=$(mktemp -d)
     tar -xzf "$bundle/ucc-source.tar.gz" -C "$ucc_tree"
-    if bash tests/gpu/build_ucc.sh "$ucc_tree/ucc" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc >"$out/ucc-env.sh" \
+    if bash tests/build_ucc.sh --cuda "$ucc_tree/ucc" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc >"$out/ucc-env.sh" \
         2>"$out/ucc-build.txt"; then
       # shellcheck disable=SC1091
       source "$out/ucc-env.sh"
       paths="staged ucc"
     else
-      cat "$out/ucc-env.sh" >>"$out/ucc-build.txt"
       echo "UCC build failed: testing the staged path alone (see ucc-build.txt)"
     fi
   fi

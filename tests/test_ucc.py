@@ -2,7 +2,8 @@
 
 The every-collective checker, subgroups, failures and exit also run on UCC,
 through the ``transport`` parameter of their own tests (tests/transports.py).
-Everything here skips, saying why, where hpccomm was built without UCC.
+Everything here needs UCC: skipped, saying why, where hpccomm was built
+without it; failed where UCC_HOME is set (tests/transports.py).
 """
 
 import pytest

@@ -2,9 +2,10 @@
 
 Every operation through UCC's host-gated path over real UCC on host memory,
 the device simulated (tests/ranks/device_paths.py with ``DEVICE_PATH=ucc``):
-needs hpccomm built with UCC, and skips saying so where it is not. What a
-UCC without CUDA is told runs everywhere. The path's ordering logic in
-isolation: tests/test_device_gated.py; on a GPU: tests/gpu.
+needs hpccomm built with UCC (skipped, saying why, where it is not; failed
+where UCC_HOME is set: tests/transports.py). What a UCC without CUDA is told
+runs everywhere. The path's ordering logic in isolation:
+tests/test_device_gated.py; on a GPU: tests/gpu.
 """
 
 from __future__ import annotations
@@ -42,9 +43,8 @@ def test_a_ucc_without_cuda_is_named_with_what_is_missing():
     assert "--with-cuda" in missing
 
 
+@needs_ucc
 def test_a_refusal_on_device_memory_becomes_one_error_naming_what_is_missing():
-    if not binding.built():
-        pytest.skip(binding.BUILT_WITHOUT_UCC)
     from hpccomm.transports.ucc_cuda import _unsupported
     from hpccomm.ucc import UCCError
 

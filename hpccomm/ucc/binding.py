@@ -177,7 +177,7 @@ def cuda_support() -> str | None:
     if missing:
         return (
             f"the UCC loaded ({found.library}) was built without CUDA (no {' or '.join(missing)} in {components}): "
-            "build UCC with --with-cuda (tests/gpu/build_ucc.sh shows how)"
+            "build UCC with --with-cuda (tests/build_ucc.sh --cuda shows how)"
         )
     ucx_cuda = found.ucx is not None and _exists(os.path.join(os.path.dirname(found.ucx), "ucx"), "libuct_cuda.so")
     if not ucx_cuda and not _exists(components, "libucc_tl_nccl.so"):

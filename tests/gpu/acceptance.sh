@@ -6,14 +6,18 @@
 #   bash tests/gpu/acceptance.sh run [DIR]                     on the GPU machine, through the device tool:
 #       run(command="bash tests/gpu/acceptance.sh run", carry=[".gpu-bundle"], timeout_s=600)
 #
-# UCC_SOURCE: a UCC source checkout (a git clone of openucx/ucc, e.g. of the mirror `fetch github:openucx/ucc`
-# brings: git clone /work/.mirror/openucx+ucc/repo /tmp/ucc). 'prepare' runs its autogen.sh here (the GPU
-# machine has no libtoolize) and bundles the generated tree with a libucx-cu13 wheel (UCX with CUDA). Without
-# it the bundle has no UCC and 'run' tests the staged path alone. Bundle: about 50 MB with UCC (carry limit 64).
+# UCC_SOURCE: an autogen'd UCC source tarball (one top directory, as ../shared/ucc/ucc-1.8.0-autogen.tar.gz),
+# bundled as it is; or a UCC source checkout (a git clone of openucx/ucc, e.g. of the mirror `fetch
+# github:openucx/ucc` brings: git clone /work/.mirror/openucx+ucc/repo /tmp/ucc), whose autogen.sh 'prepare'
+# runs here (the GPU machine has no libtoolize) before bundling the generated tree. Not given: the tarball
+# .ci/run builds UCC from ($HPCCOMM_UCC_SOURCE, else ../shared/ucc/ucc-1.8.0-autogen.tar.gz beside this
+# checkout, else /work/shared/ucc/...), where found. With UCC the bundle holds a libucx-cu13 wheel too (UCX with
+# CUDA); without, 'run' tests the staged path alone. Bundle: about 50 MB with UCC (carry limit 64).
 #
 # The GPU machine (../shared/FACTS.md) has a Python 3.12 venv with torch (CUDA) and mpi4py on the system
-# Open MPI, and no network. 'run' builds UCC with CUDA there (tests/gpu/build_ucc.sh, about 2 minutes), installs
-# hpccomm against it from this checkout (no dependencies fetched), then writes into $OUT (default ./gpu-out):
+# Open MPI, and no network. 'run' builds UCC there with CUDA, tl/nccl (on the NCCL wheel torch brought) and
+# ucc_perftest (on the system Open MPI) (tests/build_ucc.sh --cuda --nccl, about 2 minutes), installs hpccomm
+# against it from this checkout (no dependencies fetched), then writes into $OUT (default ./gpu-out):
 # environment.txt (GPU, torch, MPI, UCC's CUDA support, the route hpccomm picks for CUDA), ucc-build.txt,
 # pytest-1.txt and pytest-2.txt (tests/gpu twice: every check on the staged path, on UCC, and on MPI where it
 # is CUDA-aware),
@@ -34,11 +38,23 @@ prepare)
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$bundle/wheels" cffi pytest
   ls "$bundle/wheels"/cffi-*-cp312-*.whl "$bundle/wheels"/pytest-*.whl >/dev/null
-  ucc_src=${3:-}
+  # UCC: the source given, else the shared autogen'd tarball, found as .ci/run finds it.
+  ucc_src=${3:-${HPCCOMM_UCC_SOURCE:-}}
+  for candidate in ../shared/ucc/ucc-1.8.0-autogen.tar.gz /work/shared/ucc/ucc-1.8.0-autogen.tar.gz; do
+    if [ -z "$ucc_src" ] && [ -f "$candidate" ]; then ucc_src=$candidate; fi
+  done
   if [ -n "$ucc_src" ]; then
     # UCX with CUDA 13 transports, for the GPU machine's CUDA 13.
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --platform manylinux_2_28_x86_64 -d "$bundle/ucx" "libucx-cu13==1.22.0"
+  fi
+  if [ -f "$ucc_src" ]; then
+    # An autogen'd tarball goes as it is (tests/build_ucc.sh unpacks it there).
+    tar -tzf "$ucc_src" | grep '^[^/]*/configure$' >/dev/null \
+      || { echo "$ucc_src has no configure script in its top directory: not autogen'd" >&2; exit 1; }
+    cp "$ucc_src" "$bundle/ucc-source.tar.gz"
+  elif [ -n "$ucc_src" ]; then
+    # A git checkout: autogen'd here, where libtoolize is.
     work=$(mktemp -d)
     git -C "$ucc_src" archive --format=tar --prefix=ucc/ HEAD | tar -x -C "$work"
     # configure.ac numbers the build with `git rev-list`: give the archive the count autogen would read.
@@ -58,15 +74,12 @@ run)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   paths="staged"
   if [ -f "$bundle/ucc-source.tar.gz" ]; then
-    ucc_tree=$(mktemp -d)
-    tar -xzf "$bundle/ucc-source.tar.gz" -C "$ucc_tree"
-    if bash tests/gpu/build_ucc.sh "$ucc_tree/ucc" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc >"$out/ucc-env.sh" \
-        2>"$out/ucc-build.txt"; then
+    if bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc \
+        >"$out/ucc-env.sh" 2>"$out/ucc-build.txt"; then
       # shellcheck disable=SC1091
       source "$out/ucc-env.sh"
       paths="staged ucc"
     else
-      cat "$out/ucc-env.sh" >>"$out/ucc-build.txt"
       echo "UCC build failed: testing the staged path alone (see ucc-build.txt)"
     fi
   fi

@@ -76,7 +76,7 @@ def one_job(args: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
     from hpccomm.config import settings
-    from hpccomm.transports import selection
+    from hpccomm.transports import device_routes
 
     dist.init_process_group("hpccomm")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -95,7 +95,7 @@ def one_job(args: argparse.Namespace) -> None:
     if dist.get_rank() == 0:
         record = {
             "torch": torch.__version__, "ranks": dist.get_world_size(), "gpu": torch.cuda.get_device_name(device),
-            "route": selection.describe("cuda"), "staged_max_bytes": settings.cuda_staged_max_bytes,
+            "route": device_routes.describe("cuda"), "staged_max_bytes": settings.cuda_staged_max_bytes,
             "rounds": args.rounds, "rows": rows,
         }
         print(f"# torch {record['torch']}, {record['ranks']} ranks, {record['gpu']}; CUDA route: {record['route']}; "

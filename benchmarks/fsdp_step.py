@@ -22,7 +22,7 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from hpccomm.front import front_of
-from hpccomm.transports.selector import Selector
+from hpccomm.transports.collective_paths import Selector
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 

@@ -17,7 +17,7 @@ selector's thresholds come from: the smallest size from which aware wins).
 Bus bandwidth follows nccl-tests: all-reduce 2(n-1)/n x bytes / time,
 all-gather and reduce-scatter (n-1)/n x total bytes / time, broadcast and
 reduce bytes / time. Sizes are the larger buffer of each collective (see
-hpccomm.transports.selector).
+hpccomm.transports.collective_paths).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from hpccomm.front import front_of
-from hpccomm.transports.selector import Selector
+from hpccomm.transports.collective_paths import Selector
 from hpccomm.transports.topology_aware import TopologyAwareTransport
 from mpi4py import MPI
 

@@ -93,7 +93,7 @@ class Config:
         shm_min_bytes: ``HPCCOMM_SHM_MIN_BYTES``: when set, the smallest
             collective that goes through shared memory, for every collective;
             unset, each collective's own measured threshold
-            (``hpccomm/transports/selector.py``).
+            (``hpccomm/transports/collective_paths.py``).
         shm_stream_min_bytes: ``HPCCOMM_SHM_STREAM_MIN_BYTES``: results of at
             least this many bytes per rank (an all-gather's output, an
             all-reduce's or broadcast's tensor) are written into the caller's

@@ -32,7 +32,7 @@ from .config import settings
 from .front import BACKEND_NAME, Front
 from .monitor import Monitor
 from .topology import group_cuda_device
-from .transports import Transport, selection
+from .transports import Transport, device_routes
 from .transports.topology_aware import cpu_transport
 
 _registered = False
@@ -64,8 +64,8 @@ def register() -> None:
         return
     if BACKEND_NAME.upper() not in dist.Backend._plugins:
         # Only devices a transport carries: torch >= 2.14 wraps hpccomm for each one it is registered for.
-        dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=selection.devices())
-    world.before_start(selection.load_ucc_first)
+        dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=device_routes.devices())
+    world.before_start(device_routes.load_ucc_first)
     rendezvous.install()
     if BACKEND_SHAPE:
         torch_gaps.mend()
@@ -137,7 +137,7 @@ def _check_fault_tolerance() -> None:
             f"hpccomm: HPCCOMM_FT=1 needs torch >= 2.14, where hpccomm's groups are torch Backends, whose shrink "
             f"dist.shrink_group calls; this is torch {torch.__version__}"
         )
-    if "ucc" in selection.routes().values():
+    if "ucc" in device_routes.routes().values():
         raise RuntimeError("hpccomm: HPCCOMM_FT=1 runs on MPI only; unset HPCCOMM_TRANSPORT=ucc")
     check_available(world.mpi().Get_library_version())
 
@@ -207,7 +207,7 @@ def _transports_for(comm: Any, global_ranks: list[int], timeout: timedelta) -> d
 
     Each transport owns the communicator it is given; the CPU transport gets ``comm`` itself.
     """
-    routes = selection.routes()
+    routes = device_routes.routes()
     built: dict[str, Transport] = {}
     if routes.get("cpu") == "mpi":
         built["cpu"] = cpu_transport(comm, global_ranks)

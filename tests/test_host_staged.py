@@ -251,12 +251,12 @@ def test_every_operation_through_host_memory_with_mpi(nprocs):
 
 
 def test_without_a_gpu_only_the_cpu_is_registered_and_the_log_says_why_cuda_has_no_route():
-    from hpccomm.transports import selection
+    from hpccomm.transports import device_routes
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: tests/gpu covers CUDA routing")
-    assert selection.devices() == ["cpu"]
-    assert selection._why_none("cuda", "auto") == "torch sees no CUDA device"
+    assert device_routes.devices() == ["cpu"]
+    assert device_routes._why_none("cuda", "auto") == "torch sees no CUDA device"
 
 
 def test_staged_is_refused_for_cpu_tensors_with_the_setting_to_write():

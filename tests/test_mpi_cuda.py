@@ -66,9 +66,9 @@ def test_a_refused_call_raises_from_its_test_and_the_next_one_is_still_made():
 
 
 def test_where_the_mpi_is_not_cuda_aware_the_log_says_how_cuda_tensors_still_move(monkeypatch):
-    from hpccomm.transports import selection
+    from hpccomm.transports import device_routes
 
-    monkeypatch.setattr(selection, "_cuda_available", lambda: True)  # the reason as a GPU machine gives it
-    reason = selection._why_none("cuda", "mpi")
+    monkeypatch.setattr(device_routes, "_cuda_available", lambda: True)  # the reason as a GPU machine gives it
+    reason = device_routes._why_none("cuda", "mpi")
     assert reason.startswith("this MPI is not CUDA-aware (MPIX_Query_cuda_support() is 0)"), reason
     assert "HPCCOMM_TRANSPORT=cuda:staged" in reason

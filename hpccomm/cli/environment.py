@@ -168,10 +168,10 @@ def cuda() -> dict[str, Any]:
 
 def _cuda_route() -> str:
     """The transport serving CUDA tensors in this process and how (the start-up log's words), or why none does."""
-    from ..transports import selection
+    from ..transports import device_routes
 
     try:
-        route = selection.describe("cuda")
+        route = device_routes.describe("cuda")
     except RuntimeError as exc:  # HPCCOMM_TRANSPORT names a transport this installation lacks
         return f"none: {exc}"
     return route or "none (HPCCOMM_TRANSPORT routes it nowhere)"

@@ -22,7 +22,7 @@ import torch
 from ..world import mpi
 from . import Transport
 from .mpi_types import Reduction, datatype
-from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
+from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.

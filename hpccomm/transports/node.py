@@ -20,7 +20,7 @@ import torch
 
 from .mpi_types import Reduction
 from .shm import Block, SharedMemoryChannel, ShmOp
-from .staging import After, averager, overlaps, premultiplied, staged, unaliased
+from .local_steps import After, averager, overlaps, premultiplied, staged, unaliased
 
 
 class NodeCollectives:

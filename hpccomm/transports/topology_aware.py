@@ -8,7 +8,7 @@ number (two or more) of ranks on each. Where neither applies, or with
 ``HPCCOMM_ALGO=flat``, it is plain :class:`~hpccomm.transports.mpi.MPITransport`.
 
 Each collective then compares its size with its threshold from the
-:class:`~hpccomm.transports.selector.Selector`; below it, or where the
+:class:`~hpccomm.transports.collective_paths.Selector`; below it, or where the
 topology-aware path cannot take the call (see :mod:`hpccomm.transports.node`
 and :mod:`hpccomm.transports.hierarchical`), the flat MPI transport runs it.
 Everything else (gather, scatter, all-to-all, point-to-point, barrier) is
@@ -32,7 +32,7 @@ from .hierarchical import Hierarchy
 from .mpi import MPITransport
 from .mpi_types import Reduction
 from .node import NodeCollectives
-from .selector import FLAT, HIER, NODE, Selector
+from .collective_paths import FLAT, HIER, NODE, Selector
 from .shm import SharedMemoryChannel
 
 

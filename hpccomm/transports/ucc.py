@@ -20,7 +20,7 @@ any source, any tag, nothing left behind.
 
 Dtype and reduction mapping, and what UCC's CPU code lacks, are in
 :mod:`hpccomm.transports.ucc_types`. Staging, premultiplying and averaging
-are shared with the MPI transport (:mod:`hpccomm.transports.staging`).
+are shared with the MPI transport (:mod:`hpccomm.transports.local_steps`).
 
 Every buffer description carries the transport's memory type and every
 temporary is made on the transport's device: device memory
@@ -55,7 +55,7 @@ from ..world import mpi
 from . import Transport, ucc_types
 from .mpi import MPITransport
 from .mpi_types import Reduction
-from .staging import After, averager, concat, premultiplied, scatter_back, staged, unaliased
+from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 
 _context: Context | None = None
 _open: weakref.WeakSet[UCCTransport] = weakref.WeakSet()

@@ -55,7 +55,7 @@ from .call_order import CallOrder
 from .device_gated import BySize, GatedPending
 from .device_ops import DeviceOps
 from .scratch import Scratch
-from .staging import After
+from .local_steps import After
 from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
 
 

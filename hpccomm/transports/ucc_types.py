@@ -48,7 +48,7 @@ class UCCReduction:
     """What a torch reduction on one dtype becomes on UCC.
 
     Its ``divide_by_size`` and ``premul_factor`` are what the staging helpers
-    (:mod:`hpccomm.transports.staging`) read, as from a :class:`Reduction`.
+    (:mod:`hpccomm.transports.local_steps`) read, as from a :class:`Reduction`.
 
     Attributes:
         op: UCC's reduction op (``UCC_OP_*``).

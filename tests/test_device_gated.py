@@ -260,10 +260,16 @@ def test_reductions_the_device_cannot_do_stay_staged_and_point_to_point_can_go_t
     assert device.calls == ["broadcast", "allreduce", "send", "recv"], device.calls
 
 
-def test_the_staged_limit_setting(monkeypatch):
+def test_the_staged_limit_setting_and_routing_by_its_default(monkeypatch):
     from hpccomm import config
 
-    assert config._read().cuda_staged_max_bytes == 1 << 20
+    limit = config._read().cuda_staged_max_bytes
+    assert limit == 2 << 20  # estimated from the H200 run (hpccomm/config.py says how)
+    staged, device = Recorder(), Recorder()
+    paths = BySize(staged, device, limit)
+    paths.allreduce([torch.empty(limit // 4)], None)
+    paths.allreduce([torch.empty(limit // 4 + 1)], None)
+    assert staged.calls == ["allreduce"] and device.calls == ["allreduce"]
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "0")
     assert config._read().cuda_staged_max_bytes == 0
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "1MiB")
@@ -273,3 +279,15 @@ def test_the_staged_limit_setting(monkeypatch):
     assert config._read().ucc_triggered is False
     monkeypatch.setenv("HPCCOMM_UCC_TRIGGERED", "1")
     assert config._read().ucc_triggered is True
+
+
+def test_the_in_place_setting(monkeypatch):
+    from hpccomm import config
+
+    assert config._read().ucc_in_place == "scratch"
+    for mode in ("native", "tuned", "SCRATCH"):
+        monkeypatch.setenv("HPCCOMM_UCC_IN_PLACE", mode)
+        assert config._read().ucc_in_place == mode.lower()
+    monkeypatch.setenv("HPCCOMM_UCC_IN_PLACE", "inplace")
+    with pytest.raises(ValueError, match="HPCCOMM_UCC_IN_PLACE='inplace'; use scratch, native, tuned"):
+        config._read()

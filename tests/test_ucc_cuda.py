@@ -18,8 +18,7 @@ from hpccomm.ucc import binding
 
 
 @needs_ucc
-@pytest.mark.parametrize("in_place", ["scratch", "native"])
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs, in_place", [(2, "scratch"), (3, "scratch"), (2, "native")])
 def test_every_operation_on_ucc_gated_by_the_callers_stream(nprocs, in_place):
     # The every-op values (in-place reductions: every dtype and op, through the group's scratch or
     # UCC's in-place flag), async interleaving, one rank's inputs late while the others post (its

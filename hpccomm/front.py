@@ -45,7 +45,7 @@ from torch._C._distributed_c10d import (
 )
 
 from . import debug, validation as check
-from .monitor import Monitor
+from .monitor import Monitor, barrier_seconds
 from .progress import DRAIN_TIMEOUT_S, engine
 from .sparse import SparseAllreduce
 from .tracing import untraced
@@ -467,14 +467,7 @@ class Front:
         """
         if self._closed is not None:
             raise RuntimeError(f"hpccomm monitored_barrier: {self.describe()} was {self._closed}; create a new group")
-        if isinstance(timeout, BarrierOptions):  # torch's Backend API passes its options
-            timeout = timeout.timeout if timeout.timeout.total_seconds() >= 0 else None
-        if isinstance(timeout, timedelta):
-            seconds = timeout.total_seconds()
-        else:
-            seconds = self._timeout_s if timeout is None else float(timeout)
-        if seconds < 0:
-            raise check.fail("monitored_barrier", f"timeout={timeout} must not be negative")
+        seconds = barrier_seconds(timeout, self._timeout_s)
         self._monitor.barrier(f"monitored_barrier on {self.describe()}", seconds, wait_all_ranks, self._global_ranks)
 
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> dist.Work:

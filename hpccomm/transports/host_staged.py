@@ -64,14 +64,17 @@ class StagedPending:
         keep: what else must stay referenced until the operation ends (the device tensors).
         back: the (device output, host buffer) pairs copied back once the host operation has ended.
         copied: the event after the input copies.
+        caller: the stream current on the calling thread when the operation was called.
     """
 
     # Slots: made and read on every staged call.
-    __slots__ = ("_order", "_ops", "_post", "_post_arg", "_keep", "_back", "_copied", "_host", "_landed", "_error")
+    __slots__ = (
+        "_order", "_ops", "_post", "_post_arg", "_keep", "_back", "_copied", "_caller", "_host", "_landed", "_error"
+    )
 
     def __init__(
         self, order: CallOrder, ops: DeviceOps, post: Callable[[Any], Pending], post_arg: Any,
-        keep: Any, back: Sequence[tuple[torch.Tensor, torch.Tensor]], copied: Any,
+        keep: Any, back: Sequence[tuple[torch.Tensor, torch.Tensor]], copied: Any, caller: Any,
     ) -> None:
         self._order = order
         self._ops = ops
@@ -80,6 +83,7 @@ class StagedPending:
         self._keep = keep
         self._back = back
         self._copied = copied
+        self._caller = caller
         self._host: Pending | None = None
         self._landed: Any = None
         self._error: BaseException | None = None
@@ -118,11 +122,14 @@ class StagedPending:
         caller queues next runs after it, as after NCCL's blocking calls; the
         host does not wait for it. The pinned buffers may go then: torch's
         host allocator keeps a block until the copies queued on it are done.
+        The stream is the one found current when the call was made: the
+        caller's thread is still inside that call, so it is current yet, and
+        is not asked for again (``torch.cuda.current_stream`` on a GPU).
         """
         if not self._host_ended():
             return False
         if self._error is None and self._back:
-            self._ops.copy(self._back, self._ops.current_stream())
+            self._ops.copy(self._back, self._caller)
         return True
 
     def finish(self) -> None:
@@ -177,8 +184,8 @@ class HostStagedTransport(Transport):
         """Queue the input copies and the operation (steps 1 and 2)."""
         ops = self.ops
         ops.check_can_stage(op)
-        side = ops.side_stream()
-        ops.wait_event(side, ops.record(ops.current_stream()))
+        side, caller = ops.side_stream(), ops.current_stream()
+        ops.wait_event(side, ops.record(caller))
         stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for tensor in (*inputs, *outputs):
             if id(tensor) not in stand_ins:
@@ -190,7 +197,7 @@ class HostStagedTransport(Transport):
         if inputs:
             ops.copy([(host_of(tensor), tensor) for tensor in inputs], side)
         back = [(tensor, host_of(tensor)) for tensor in outputs]
-        pending = StagedPending(self.order, ops, post, host_of, stand_ins, back, ops.record(side))
+        pending = StagedPending(self.order, ops, post, host_of, stand_ins, back, ops.record(side), caller)
         self.order.add(pending)
         return pending
 
@@ -205,13 +212,13 @@ class HostStagedTransport(Transport):
         """
         ops = self.ops
         ops.check_can_stage(op)
-        side = ops.side_stream()
-        ops.wait_event(side, ops.record(ops.current_stream()))
+        side, caller = ops.side_stream(), ops.current_stream()
+        ops.wait_event(side, ops.record(caller))
         host = ops.host_buffer(tensor)
         if read:
             ops.copy([(host, tensor)], side)
         back = [(tensor, host)] if written else ()
-        pending = StagedPending(self.order, ops, post, host, tensor, back, ops.record(side))
+        pending = StagedPending(self.order, ops, post, host, tensor, back, ops.record(side), caller)
         self.order.add(pending)
         return pending
 

@@ -1,8 +1,9 @@
 """hpccomm's own host work per staged CUDA call, measured on the CPU with a device that costs nothing.
 
     hpccomm-run -n 1 python benchmarks/staged_host_cost.py [--iters N] [--rounds R] [--profile N]
-    valgrind --tool=callgrind --dump-before=getpgrp --callgrind-out-file=/tmp/cg/out \\
-        $VENV/bin/python benchmarks/staged_host_cost.py --callgrind /tmp/cg/out   # instructions per call
+    mkdir -p /tmp/cg && PYTHONHASHSEED=0 setarch "$(uname -m)" -R valgrind --tool=callgrind \\
+        --dump-before=getpgrp --callgrind-out-file=/tmp/cg/out \\
+        $VENV/bin/python benchmarks/staged_host_cost.py --callgrind /tmp/cg/out --iters 500   # instructions
 
 On a GPU a blocking 4-byte ``dist.all_reduce`` of a CUDA tensor through host
 memory costs its staging floor (``benchmarks/cuda_staging_floor.py``: the
@@ -33,15 +34,21 @@ median over ``--rounds`` rounds, us per call):
   call (pinned, on a GPU), which the floor sequence allocates once: its own
   line in the table, apart from the staged transport's Python;
 * ``front, meta tensor`` against ``front, cpu tensor``: the front alone on a
-  transport that does nothing, for a tensor not on the CPU (``meta``, as a
-  CUDA one) and for a host tensor: what a CUDA tensor adds in the front,
-  which the host tensors of the staged cases do not pay.
+  transport that does nothing, for a tensor not on the CPU (``meta``, which
+  the front checks and routes as it does a CUDA one) and for a host tensor:
+  what a CUDA tensor adds in the front, which the host tensors of the staged
+  cases do not pay.
 
-The differences between neighbouring cuts give the per-layer table.
-``--callgrind PREFIX``, under callgrind as above, runs each case once for
-``--iters`` calls between two calls of ``getpgrp`` (callgrind dumps a profile
-part before each) and prints the same table in instructions per call, from
-the parts' totals: deterministic, where timings on a shared machine are not.
+The differences between neighbouring cuts give the per-layer table. The
+staged transport's line is net of the floor sequence, which makes two
+device-seam calls more than a blocking staged call (its landing's event,
+current stream and wait, against the staged call's capture check), so it
+reads a little low. ``--callgrind PREFIX``, under
+callgrind as above, runs each case once for ``--iters`` calls between two
+calls of ``getpgrp`` (callgrind dumps a profile part before each) and prints
+the same table in instructions per call, from the parts' totals:
+deterministic (with hash randomisation and address randomisation off, as
+above), where timings on a shared machine are not.
 ``--profile N`` then runs N staged calls under cProfile and prints the
 functions by their own time.
 """
@@ -222,7 +229,8 @@ def report(r: dict[str, float]) -> None:
     print(f"| hpccomm's own (front to MPITransport, host buffer apart) | {own:.2f} |")
     print(f"| staged - floor | {r['hpccomm staged'] - r['floor sequence']:.2f} |")
     print(f"| staged / floor | {r['hpccomm staged'] / r['floor sequence']:.2f} |")
-    print(f"| cpu: hpccomm's own (cpu - torch floor - raw MPI) | {r['hpccomm cpu'] - r['torch floor'] - r['raw MPI']:.2f} |")
+    cpu_own = r["hpccomm cpu"] - r["torch floor"] - r["raw MPI"]
+    print(f"| cpu: hpccomm's own (cpu - torch floor - raw MPI) | {cpu_own:.2f} |")
     extra = r["front, meta tensor"] - r["front, cpu tensor"]
     print(f"| front: a CUDA-like (meta) tensor's extra | {extra:.2f} |")
     print(f"| **hpccomm's own, for a device tensor** (own + that extra) | {own + extra:.2f} |")

@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import time
 from array import array
+from datetime import timedelta
 from typing import Any
 
+from torch._C._distributed_c10d import BarrierOptions
+
+from .validation import fail
 from .world import mpi
 
 _ARRIVED_TAG = 1
@@ -34,6 +38,23 @@ _RELEASED_TAG = 2
 
 class MonitoredBarrierError(RuntimeError):
     """A monitored barrier failed: some rank did not arrive in time."""
+
+
+def barrier_seconds(timeout: timedelta | float | BarrierOptions | None, default_s: float) -> float:
+    """The seconds a monitored barrier waits, from any form of its ``timeout`` (``default_s`` for None).
+
+    Raises:
+        ValueError: the timeout is negative.
+    """
+    if isinstance(timeout, BarrierOptions):  # torch's Backend API passes its options
+        timeout = timeout.timeout if timeout.timeout.total_seconds() >= 0 else None
+    if isinstance(timeout, timedelta):
+        seconds = timeout.total_seconds()
+    else:
+        seconds = default_s if timeout is None else float(timeout)
+    if seconds < 0:
+        raise fail("monitored_barrier", f"timeout={timeout} must not be negative")
+    return seconds
 
 
 class Monitor:

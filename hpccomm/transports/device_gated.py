@@ -156,7 +156,11 @@ class BySize(Transport):
         return self.device
 
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._by(sum(t.nbytes for t in tensors), tensors[0].dtype).allreduce(tensors, reduction)
+        # One tensor's size read directly: sum() over a generator cost 4.2k of BySize's 4.5k instructions.
+        nbytes = tensors[0].nbytes if len(tensors) == 1 else sum(t.nbytes for t in tensors)
+        if nbytes <= self._limit or tensors[0].dtype in self._host_reduced:  # _by, written out on the hottest path
+            return self.staged.allreduce(tensors, reduction)
+        return self.device.allreduce(tensors, reduction)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
         return self._by(tensor.nbytes).broadcast(tensor, root)

@@ -147,8 +147,9 @@ class MPITransport(Transport):
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> MPIPending | SinglePending:
         if len(tensors) == 1 and reduction.plain:
             tensor = tensors[0]
-            if tensor.is_contiguous() and tensor.numel() <= MAX_ELEMENTS_PER_CALL:
-                buf = self._fromaddress(tensor.data_ptr(), tensor.nbytes)
+            nbytes = tensor.nbytes  # bounds numel(), which is read only past MAX_ELEMENTS_PER_CALL bytes
+            if tensor.is_contiguous() and (nbytes <= MAX_ELEMENTS_PER_CALL or tensor.numel() <= MAX_ELEMENTS_PER_CALL):
+                buf = self._fromaddress(tensor.data_ptr(), nbytes)
                 return SinglePending(self._comm.Iallreduce(self._in_place, (buf, reduction.datatype), reduction.mpi_op))
         MPI = mpi()
         requests: list[Any] = []

@@ -113,6 +113,52 @@ def device_with_no_route() -> None:
     only_rank0_fails(RuntimeError, ["all_reduce", "no transport", "meta"], lambda: PG.allreduce([meta], dist.AllreduceOptions()))
 
 
+class Recorder:
+    """A transport for meta tensors that records what it is handed and posts nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, torch.Tensor]] = []
+
+    def allreduce(self, tensors, reduction):
+        self.calls.append(("all_reduce", tensors[0]))
+        return self
+
+    def broadcast(self, tensor, root):
+        self.calls.append(("broadcast", tensor))
+        return self
+
+    def test(self) -> bool:
+        return True
+
+    def finish(self) -> None:
+        pass
+
+
+@check
+def device_with_a_route_is_checked_then_found_by_its_device() -> None:
+    # The one-tensor ops find a device tensor's transport by its device, kept once seen (front.py's _one).
+    recorder = Recorder()
+    PG._transports["meta"] = recorder
+    try:
+        first, second = torch.empty(4, device="meta"), torch.empty(2, device="meta")
+        blocking = opts(dist.AllreduceOptions, asyncOp=False)
+        PG.allreduce([first], blocking)  # the device not seen yet: checked in full, then kept
+        assert PG._by_device == {first.device: recorder}, PG._by_device
+        PG.allreduce([second], blocking)
+        PG.broadcast([first], opts(dist.BroadcastOptions, asyncOp=False))
+        expected = [("all_reduce", 4), ("all_reduce", 2), ("broadcast", 4)]
+        assert [(op, t.shape[0]) for op, t in recorder.calls] == expected, recorder.calls
+        # A known device does not skip the checks of what is passed.
+        call = lambda: PG.allreduce([first, second], blocking)
+        only_rank0_fails(ValueError, ["all_reduce", "exactly one"], call)
+        call = lambda: PG.broadcast([first], opts(dist.BroadcastOptions, rootRank=SIZE))
+        only_rank0_fails(ValueError, ["broadcast", "src"], call)
+        assert len(recorder.calls) == 3, recorder.calls
+    finally:
+        del PG._transports["meta"]
+        PG._by_device.clear()  # the other checks meet meta tensors with no route
+
+
 @check
 def reduce_op_that_makes_no_sense() -> None:
     c = torch.ones(2, dtype=torch.complex64)

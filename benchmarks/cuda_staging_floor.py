@@ -133,12 +133,36 @@ def host_costs(tensor: torch.Tensor, side: torch.cuda.Stream, iters: int) -> dic
     return costs
 
 
+def profile_calls(tensor: torch.Tensor, calls: int) -> None:
+    """Where a blocking ``dist.all_reduce``'s host time goes: cProfile over ``calls`` calls, the top functions.
+
+    cProfile adds its own cost per Python call, so the shares, not the totals,
+    are what to read; C functions torch calls from Python (event records,
+    stream switches, pinned allocations) show as their own rows.
+    """
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    torch.cuda.synchronize()
+    profiler.enable()
+    for _ in range(calls):
+        dist.all_reduce(tensor)
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+    print(f"\n## cProfile, {calls} blocking all_reduce calls (rank 0), by own time\n```\n{text.getvalue()}```")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=4)
     parser.add_argument("--iters", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", help="write rank 0's table here (tests/gpu/targets.py reads it)")
+    parser.add_argument("--profile", type=int, default=0, help="at one rank: cProfile this many all_reduce calls")
     args = parser.parse_args()
     dist.init_process_group("hpccomm")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -166,6 +190,8 @@ def main() -> None:
         if args.json:
             record = {"ranks": dist.get_world_size(), "bytes": args.bytes, "cases": list(cases), "per_rank": table}
             Path(args.json).write_text(json.dumps(record))
+        if args.profile and dist.get_world_size() == 1:
+            profile_calls(tensor, args.profile)
     dist.barrier()  # the other ranks wait for rank 0's timings before the group goes
     dist.destroy_process_group()
 

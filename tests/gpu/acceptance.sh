@@ -22,12 +22,13 @@
 # rerun fits in a session's device time): tests/gpu on every path (staged, ucc, ucc-triggered, mpi where the
 # MPI is CUDA-aware); benchmarks/cuda_allreduce.py --compare (every path, UCC's in-place modes, auto and Gloo,
 # 4 B to 64 MiB, and the staged limit to set); ucc_perftest all-reduce on CUDA memory out of place and in
-# place; the staging floor at one rank; UCC_COLL_TRACE (the team layer per collective); tests/gpu again; the
-# trace with tl/nccl allowed; UCX's memtype cache left on; the staging floor at two ranks. Into $OUT (default
-# ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured" per target, every
-# ratio from this run), report.md (the machine, UCC's components, UCX's transports, every table above),
-# pytest-1.txt and pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says
-# so in its log. Exit status: that of the test passes.
+# place; the staging floor at one rank, with a cProfile of the staged call; UCC_COLL_TRACE (the team layer
+# per collective); tests/gpu again; the trace with tl/nccl allowed; UCX's memtype cache left on; the staging
+# floor at two ranks; benchmarks/staged_host_cost.py (hpccomm's own host work per staged call on that CPU).
+# Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
+# per target, every ratio from this run), report.md (the machine, UCC's components, UCX's transports, every
+# table above), pytest-1.txt and pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no
+# time for says so in its log. Exit status: that of the test passes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -143,7 +144,8 @@ run)
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 1 -e 16777216 -n 20 -w 5 "${flag[@]}"
     done
   fi
-  within 40 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json"
+  within 40 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
+    --profile 2000
   # Which UCC team layer serves each collective on CUDA memory.
   trace=(env UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2
          python3 benchmarks/cuda_allreduce.py --sizes 4,4194304 --rounds 1 --iters 2)
@@ -158,6 +160,8 @@ run)
       --sizes 4,65536,4194304,67108864 --rounds 2
   fi
   within 40 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
+  # hpccomm's own host work per staged call on this host's CPU, no device involved (the floor's complement).
+  within 40 "$work/staged-host-cost.md" hpccomm-run -n 1 python3 benchmarks/staged_host_cost.py
   python3 tests/gpu/targets.py "$work" >"$out/targets.md"
   {
     echo; echo "## Targets"; cat "$out/targets.md"
@@ -168,6 +172,7 @@ run)
       echo '```'
     done
     for n in 1 2; do echo; echo "## Staging floor, $n rank(s)"; cat "$work/floor-$n.md"; done
+    [ -f "$work/staged-host-cost.md" ] && { echo; echo "## hpccomm's own host work per staged call"; cat "$work/staged-host-cost.md"; }
     for trace in ucc-trace ucc-trace-nccl; do
       [ -f "$work/$trace.txt" ] || continue
       echo; echo "## Team layers ($trace: UCC_COLL_TRACE)"; echo '```'

@@ -26,7 +26,7 @@ from hpccomm.transports import Transport
 from hpccomm.transports.call_order import CallOrder
 from hpccomm.transports.device_gated import BySize, GatedPending
 from hpccomm.transports.ucc import UCCPending
-from hpccomm.transports.ucc_cuda import GatedPost
+from hpccomm.transports.ucc_cuda import GatedPost, TriggeredPending
 from hpccomm.ucc import UCCError
 from hpccomm.work import CommTimeoutError, GroupClosedError, HpcWork, complete_inline
 
@@ -291,3 +291,71 @@ def test_the_in_place_setting(monkeypatch):
     monkeypatch.setenv("HPCCOMM_UCC_IN_PLACE", "inplace")
     with pytest.raises(ValueError, match="HPCCOMM_UCC_IN_PLACE='inplace'; use scratch, native, tuned"):
         config._read()
+
+
+# -- triggered posts: UCC's status while the stream has not reached the collective ---------------
+
+
+class ScriptedLib:
+    """The binding's ``lib`` as Request polls it: statuses from a script (UCC's values)."""
+
+    UCC_OK, UCC_INPROGRESS, UCC_OPERATION_INITIALIZED = 0, 1, 2
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = iter(statuses)
+        self.polls = 0
+
+    def hpccomm_ucc_poll(self, context: object, handle: object) -> int:
+        self.polls += 1
+        return next(self.statuses)
+
+
+def scripted_request(lib: ScriptedLib):
+    """A posted hpccomm.ucc.Request whose polls read ``lib``'s script (the real one: tests/ranks/ucc_binding.py)."""
+    from types import SimpleNamespace
+
+    from hpccomm.ucc import Request
+
+    request = object.__new__(Request)
+    team = SimpleNamespace(live=set(), binding=None)
+    request._team, request._handle, request._keep, request._lib = team, object(), torch.zeros(1), lib
+    request._lock, request._context = threading.Lock(), None
+    request.status = lib.UCC_OPERATION_INITIALIZED
+    team.live.add(request)
+    return request
+
+
+def test_a_triggered_request_is_in_progress_while_ucc_reports_it_initialized():
+    # After ucc_collective_triggered_post, UCC says UCC_OPERATION_INITIALIZED until the stream reaches the
+    # collective, then UCC_INPROGRESS, then UCC_OK: the first two are "not done", never an end or an error.
+    lib = ScriptedLib([2, 2, 2, 1, 1, 0])
+    request = scripted_request(lib)
+    device = FakeDevice()
+    device.hold(device.side)  # UCC holds the side stream until the collective has ended
+    fence = device.record(device.side)
+    pending = TriggeredPending(device, UCCPending([request], (), "all_reduce"), fence)
+    for _ in range(5):
+        assert not pending.test(), "done while UCC still reported the request initialized or in progress"
+    assert request.status == lib.UCC_OPERATION_INITIALIZED or request.status == lib.UCC_INPROGRESS
+    assert not pending.test(), "done before the side stream passed the fence"  # the request ended: UCC_OK
+    assert request.status == lib.UCC_OK and request._keep is None and not request._team.live
+    device.release(device.side)
+    assert pending.test()
+    pending.finish()  # UCC_OK: no error
+    assert lib.polls == 6
+
+
+def test_a_blocking_triggered_call_ends_once_the_requests_have_with_the_callers_stream_behind_the_fence():
+    lib = ScriptedLib([2, 1, 0])
+    request = scripted_request(lib)
+    device = FakeDevice()
+    device.hold(device.side)
+    fence = device.record(device.side)
+    pending = TriggeredPending(device, UCCPending([request], (), "all_reduce"), fence)
+    assert not pending.test_inline() and not pending.test_inline()
+    assert pending.test_inline(), "the requests ended: a blocking call returns, its stream waiting on the fence"
+    marker = torch.zeros(1)
+    device.launch(device.user, lambda: marker.fill_(1))
+    assert marker.item() == 0, "the caller's stream ran past the fence"
+    device.release(device.side)
+    assert marker.item() == 1

@@ -27,11 +27,21 @@ UCC, UCC_SAYS = _load_builders().find_ucc()
 
 
 class BuildExtensions(build_ext):
-    """build_ext that first says whether the UCC binding is built and against what."""
+    """build_ext that first says whether the UCC binding is built and against what.
+
+    Without UCC it also removes a binding an earlier build left (in the build
+    directory, which pip reuses in the source tree, and beside the sources for
+    an editable install): otherwise it would be installed again, against a UCC
+    that may no longer be there.
+    """
 
     def run(self):
         if UCC is None:
             print(f"hpccomm: building without UCC ({UCC_SAYS}); set UCC_HOME to a UCC installation for the UCC transport")
+            for directory in (Path(self.build_lib) / "hpccomm", *([Path(__file__).parent / "hpccomm"] if self.inplace else [])):
+                for stale in directory.glob("_ucc.*so"):
+                    print(f"hpccomm: removing {stale}, an earlier build's UCC binding")
+                    stale.unlink()
         else:
             print(f"hpccomm: building the UCC binding against {UCC_SAYS}")
         super().run()

@@ -1,10 +1,33 @@
 """Shared pytest setup: rank scripts import their helpers from tests/ranks; UCC tests skip or fail (tests/transports.py)."""
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _prefer_the_installed_hpccomm() -> None:
+    """Import the hpccomm the rank scripts import: the installed one, with its compiled extensions.
+
+    ``python -m pytest`` puts the checkout first on ``sys.path``, whose
+    ``hpccomm`` has no compiled extensions (the UCC binding among them) unless
+    it was installed editable. Where hpccomm is installed, the checkout's
+    entry goes; where it is not, the tests import the checkout as before.
+    """
+    checkout = [entry for entry in sys.path if Path(entry or ".").resolve() == REPO]
+    if not checkout:
+        return
+    saved = sys.path[:]
+    sys.path[:] = [entry for entry in sys.path if entry not in checkout]
+    importlib.invalidate_caches()
+    if importlib.util.find_spec("hpccomm") is None:
+        sys.path[:] = saved
+
+
+_prefer_the_installed_hpccomm()
 sys.path.insert(0, str(Path(__file__).parent))
 
 

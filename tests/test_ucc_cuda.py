@@ -65,7 +65,7 @@ def _components(library: str | None) -> list[str]:
 
 @needs_ucc
 @pytest.mark.parametrize("chosen", [None, "try"])
-def test_the_memtype_cache_is_turned_off_in_the_loaded_ucx_unless_the_user_chose(chosen):
+def test_the_memtype_cache_is_turned_off_in_the_loaded_ucx_unless_the_user_chose(chosen, tmp_path):
     # UCX reads UCX_MEMTYPE_CACHE when it loads, before hpccomm could set it: the loaded UCX's own
     # option is set instead (in a fresh process: the option is process-wide).
     import os
@@ -77,7 +77,9 @@ def test_the_memtype_cache_is_turned_off_in_the_loaded_ucx_unless_the_user_chose
     env = {key: value for key, value in os.environ.items() if key != "UCX_MEMTYPE_CACHE"}
     if chosen is not None:
         env["UCX_MEMTYPE_CACHE"] = chosen
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    # Away from the checkout, so that the process imports the installed hpccomm (tests/conftest.py).
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60,
+                          cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     before, *done, after = proc.stdout.split()
     if chosen is None:

@@ -46,10 +46,10 @@ import torch
 
 from ..topology import Topology
 from ..world import mpi
+from .local_steps import After, averager, concat, overlaps, premultiplied, scatter_back, staged, unaliased
 from .mpi import INT_MAX, MAX_ELEMENTS_PER_CALL
 from .mpi_types import Reduction, datatype
 from .shm import SharedMemoryChannel, ShmOp
-from .local_steps import After, averager, concat, overlaps, premultiplied, scatter_back, staged, unaliased
 
 #: A large collective goes in pieces of at least this many slots of the
 #: channel per rank's share (so at least one slot: 4 MiB by default), and at

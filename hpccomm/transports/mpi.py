@@ -21,8 +21,8 @@ import torch
 
 from ..world import mpi
 from . import Transport
-from .mpi_types import Reduction, datatype
 from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
+from .mpi_types import Reduction, datatype
 
 # Open MPI 5 rejects nonblocking collectives whose count passes 2**31 - 1, so
 # element-wise operations are split into calls of at most this many elements.

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
+from .local_steps import After, averager, overlaps, premultiplied, staged, unaliased
 from .mpi_types import Reduction
 from .shm import Block, SharedMemoryChannel, ShmOp
-from .local_steps import After, averager, overlaps, premultiplied, staged, unaliased
 
 
 class NodeCollectives:

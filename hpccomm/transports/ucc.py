@@ -53,9 +53,9 @@ from ..ucc import Context, Library, Request, Team
 from ..work import Pending
 from ..world import mpi
 from . import Transport, ucc_types
+from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 from .mpi import MPITransport
 from .mpi_types import Reduction
-from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 
 _context: Context | None = None
 _open: weakref.WeakSet[UCCTransport] = weakref.WeakSet()

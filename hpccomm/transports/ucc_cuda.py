@@ -35,7 +35,8 @@ real UCC on host memory, in place through the scratch and through UCC's flag
 (``tests/test_ucc_cuda.py``), the ordering and the scratch with scripted
 requests (``tests/test_device_gated.py``, ``tests/test_scratch.py``); the
 INITIALIZED status over real UCC (``tests/ranks/ucc_binding.py``). The
-triggered posts have not run anywhere: UCC's execution engines need CUDA.
+triggered posts have not run since that status was read right: UCC's
+execution engines need CUDA.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ from . import Transport
 from .call_order import CallOrder
 from .device_gated import BySize, GatedPending
 from .device_ops import DeviceOps
-from .scratch import Scratch
 from .local_steps import After
+from .scratch import Scratch
 from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
 
 

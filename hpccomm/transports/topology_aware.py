@@ -28,11 +28,11 @@ from ..topology import of_world_ranks
 from ..work import Pending
 from ..world import mpi
 from . import Transport
+from .collective_paths import FLAT, HIER, NODE, Selector
 from .hierarchical import Hierarchy
 from .mpi import MPITransport
 from .mpi_types import Reduction
 from .node import NodeCollectives
-from .collective_paths import FLAT, HIER, NODE, Selector
 from .shm import SharedMemoryChannel
 
 

@@ -4,7 +4,7 @@ Where the MPI under test has ULFM (Open MPI 5) and hpccomm is a torch Backend
 (2.14 and later), ranks SIGKILL themselves between two all_reduces and in the
 middle of one, at 3 and 4 ranks, one or two at once, or one while the
 survivors agree on another, and every survivor must get the same PeerFailure
-within 3 s, shrink, and run collectives, new groups, a DeviceMesh and DDP on
+within 5 s of the (last) death, shrink, and run collectives, new groups, a DeviceMesh and DDP on
 the survivors' group, with hpccomm's identity and topology renumbered
 (tests/ranks/fault_tolerance.py), the failed collective on flat MPI, on the
 node's shared-memory engine, or hierarchical on two fake nodes; survivors
@@ -31,6 +31,10 @@ from nodes import run_on_nodes
 
 def torch_release() -> tuple[int, int]:
     return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+#: How soon after the (last) victim's death every survivor must have its PeerFailure.
+DETECTED_WITHIN_S = 5.0
 
 
 def ulfm_here() -> bool:
@@ -100,6 +104,14 @@ def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None
     dead = [int(rank) for rank in victims.split(",")]
     survivors = {str(rank) for rank in ranks if rank not in dead}
     assert set(re.findall(r"FAILED rank=(\d+)", run.output)) == survivors, run.output[-4000:]
+    died = [float(at) for at in re.findall(r"DIED rank=\d+ at=([\d.]+)", run.output)]
+    assert len(died) == len(dead), run.output[-4000:]
+    # Timed from the death, not from the survivors' call (a victim once died 9-13 s late). 5 s: issue 32's
+    # bound. Measured over these cases, 2 cores: quiet, 28 runs, at most 0.31 s; beside a CPU-bound
+    # process, 3.1 s and 10.1 s once each in 45 runs (the agreement, MPI_Comm_shrink, slow under load).
+    caught = re.findall(r"FAILED rank=(\d+) took=\S+ at=([\d.]+)", run.output)
+    lags = {rank: float(at) - max(died) for rank, at in caught}
+    assert all(lag < DETECTED_WITHIN_S for lag in lags.values()), (lags, run.output[-4000:])
     assert set(re.findall(r"OK rank=(\d+)", run.output)) == survivors, run.output[-4000:]
     assert set(re.findall(r"PATH rank=\d+ (\w+)", run.output)) == {path}, run.output[-4000:]
 

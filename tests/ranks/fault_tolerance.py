@@ -13,10 +13,13 @@ with HPCCOMM_FT=1 and no ULFM, where init must refuse):
         agreeing on the failure: they must agree on both.
 <victims>: comma-separated ranks (e.g. "1" or "1,2").
 
-Each survivor checks: its next all_reduce raises hpccomm.PeerFailure within
-3 s, naming exactly the victims; dist.shrink_group makes a default group of
-the survivors, renumbered; collectives on it give right values; DDP rebuilt on
-it trains. Prints "FAILED rank=R took=S" and "OK rank=R" (original rank).
+Each survivor checks: its next all_reduce raises hpccomm.PeerFailure naming
+exactly the victims; dist.shrink_group makes a default group of the
+survivors, renumbered; collectives on it give right values; DDP rebuilt on it
+trains. Prints "FAILED rank=R took=S at=T" and "OK rank=R" (original rank);
+each victim prints "DIED rank=R at=T" just before it kills itself (T:
+time.time(), one clock for the fake nodes too), so that the test measures how
+long after the death each survivor had its PeerFailure.
 """
 
 from __future__ import annotations
@@ -36,15 +39,20 @@ RANK, SIZE = dist.get_rank(), dist.get_world_size()
 t = torch.ones(4)
 dist.all_reduce(t)
 assert t.tolist() == [SIZE] * 4, t
+
+# Made before the barrier: filling 64 MiB once took a victim 9-13 s with the survivors polling beside a
+# CPU-bound process on 2 cores, and the death came that much later than the survivors' all_reduce.
+big = torch.ones(1 << 24)
 dist.barrier()
 
 if RANK in victims:
     # A rank may leave the barrier before the others have seen it complete: let them.
     time.sleep(0.1)
     if when == "mid-async":
-        dist.all_reduce(torch.ones(1 << 24), async_op=True)
+        dist.all_reduce(big, async_op=True)
     if when == "during-agreement" and RANK == victims[1]:
         time.sleep(0.5)  # the others are past their failed all_reduce, inside the agreement
+    print(f"DIED rank={RANK} at={time.time():.6f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
 transport = dist.group.WORLD._get_backend(torch.device("cpu"))._transports["cpu"].inner
@@ -52,20 +60,19 @@ taken_before = sum(getattr(transport, "taken", {}).values())
 start = time.monotonic()
 try:
     if when == "mid-async":
-        dist.all_reduce(torch.ones(1 << 24), async_op=True).wait()
+        dist.all_reduce(big, async_op=True).wait()
     else:
         time.sleep(0.4)  # the victims die first
         dist.all_reduce(torch.ones(4))
     print(f"UNEXPECTED rank={RANK}: the all_reduce completed without the dead ranks", flush=True)
     sys.exit(1)
 except hpccomm.PeerFailure as failure:
-    took = time.monotonic() - start
+    took, at = time.monotonic() - start, time.time()
     # Which path the failed collective took: flat MPI, the node's shared memory, or hierarchical.
     aware = sum(getattr(transport, "taken", {}).values()) > taken_before
     print(f"PATH rank={RANK} {transport.path if aware else 'flat'}", flush=True)
     assert failure.failed_ranks == victims, (failure.failed_ranks, victims)
-    assert took < 3.0, f"PeerFailure after {took:.2f} s"
-    print(f"FAILED rank={RANK} took={took:.3f} failed={failure.failed_ranks}", flush=True)
+    print(f"FAILED rank={RANK} took={took:.3f} at={at:.6f} failed={failure.failed_ranks}", flush=True)
     failed = failure.failed_ranks
 if when == "exit":
     print(f"OK rank={RANK} exiting without a shrink", flush=True)

@@ -106,7 +106,7 @@ def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None
     assert set(re.findall(r"FAILED rank=(\d+)", run.output)) == survivors, run.output[-4000:]
     died = [float(at) for at in re.findall(r"DIED rank=\d+ at=([\d.]+)", run.output)]
     assert len(died) == len(dead), run.output[-4000:]
-    # Timed from the death, not from the survivors' call (a victim once died 9-13 s late). 5 s: issue 32's
+    # Timed from the death, not from the survivors' call (beside a CPU-bound process a victim died 9-22 s late). 5 s: issue 32's
     # bound. Measured over these cases, 2 cores: quiet, 28 runs, at most 0.31 s; beside a CPU-bound
     # process, 3.1 s and 10.1 s once each in 45 runs (the agreement, MPI_Comm_shrink, slow under load).
     caught = re.findall(r"FAILED rank=(\d+) took=\S+ at=([\d.]+)", run.output)

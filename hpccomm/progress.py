@@ -30,7 +30,7 @@ import threading
 import time
 
 from . import callbacks
-from .work import HpcWork
+from .work import NAP_S, SPIN_S, HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
 #: How often the thread looks again at work that waiters are driving.
@@ -92,13 +92,21 @@ class ProgressEngine:
             return len(self._works)
 
     def _run(self) -> None:
+        # Polls back to back while work completes, then, once none has for SPIN_S, naps between polls
+        # as a long wait does (hpccomm.work.drive): yielding, the threads of oversubscribed ranks starved
+        # the one that could make progress.
+        spin_until, polled = time.monotonic() + SPIN_S, 0
         while True:
             with self._wakeup:
                 if not self._works:
                     self._linger()
+                    spin_until = time.monotonic() + SPIN_S
                 if self._stopping:
                     return
                 works = [work for work in self._works if not work.waiters]
+                if len(works) > polled:
+                    spin_until = time.monotonic() + SPIN_S  # new work: poll it back to back
+                polled = len(works)
                 if not works:
                     # Every pending work has a thread in wait() driving it: polling
                     # too would only take the GIL from them (a blocking send/recv
@@ -109,6 +117,9 @@ class ProgressEngine:
             if finished:
                 with self._wakeup:
                     self._works = [work for work in self._works if work not in finished]
+                spin_until = time.monotonic() + SPIN_S
+            elif time.monotonic() > spin_until:
+                time.sleep(NAP_S)
             else:
                 # Let the compute thread have the GIL between polls.
                 time.sleep(0)

@@ -35,13 +35,21 @@ from .tracing import untraced
 # Poll this many times between clock reads: reading the clock costs more
 # than a poll of a request that is about to complete.
 _POLLS_PER_CLOCK_READ = 256
-#: A wait still polling after this long yields the CPU between polls. By then
-#: it waits on a late (or departed) peer more than on data in flight, and the
-#: ranks and launcher daemons sharing its cores need to run: spinning on, the
-#: waiting ranks of an oversubscribed node (4 ranks, 2 cores) kept the launcher
-#: from ending a job whose rank had been killed for over 4.5 s in 8 runs of 60
-#: (up to 19.4 s); yielding, 0.6-4.1 s in 55 runs.
-_SPIN_S = 0.05
+#: A wait still polling after this long naps for :data:`NAP_S` between polls.
+#: By then it waits on a late (or departed) peer more than on data in flight,
+#: and the ranks and launcher daemons sharing its cores need to run: spinning
+#: on, the waiting ranks of an oversubscribed node (4 ranks, 2 cores) kept the
+#: launcher from ending a job whose rank had been killed for over 4.5 s in 8
+#: runs of 60 (up to 19.4 s); yielding, 0.6-4.1 s in 55 runs.
+SPIN_S = 0.05
+#: The nap between polls of a long wait. ``sched_yield`` gave a core away only
+#: to threads queued on it: 6 ranks of 2 fake nodes on 2 cores, each with a
+#: waiting and a progress thread yielding in turn, took 9-29 s for one round of
+#: async hierarchical collectives where napping took 9-12 s (6 runs each), and
+#: 21-50 s for the whole layout (372 s once in CI) where napping took 21-25 s
+#: (5 runs each). A nap makes a wait end later by at most about this much,
+#: after at least SPIN_S.
+NAP_S = 0.0002
 
 
 class Pending(Protocol):
@@ -96,21 +104,19 @@ def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
         GroupClosedError: the group was aborted or shut down meanwhile.
     """
     polls = 0
-    spin_until = time.monotonic() + _SPIN_S
-    yielding = False
+    spin_until = time.monotonic() + SPIN_S
+    napping = False
     while not test():
         polls += 1
-        if yielding:
-            # Returns at once when no other thread wants this core; when one
-            # does, a poll takes a time slice, so every poll checks the clock.
-            os.sched_yield()
+        if napping:
+            time.sleep(NAP_S)  # a poll per nap, each checking the clock
         elif polls % _POLLS_PER_CLOCK_READ:
             continue
         now = time.monotonic()
         if now > deadline:
             return False
         check_abandoned(label)
-        yielding = now > spin_until
+        napping = now > spin_until
     return True
 
 

@@ -18,7 +18,6 @@ as MPI requires. Every wait is bounded by the group's timeout.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable

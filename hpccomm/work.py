@@ -39,7 +39,8 @@ _POLLS_PER_CLOCK_READ = 256
 #: and the ranks and launcher daemons sharing its cores need to run: spinning
 #: on, the waiting ranks of an oversubscribed node (4 ranks, 2 cores) kept the
 #: launcher from ending a job whose rank had been killed for over 4.5 s in 8
-#: runs of 60 (up to 19.4 s); yielding, 0.6-4.1 s in 55 runs.
+#: runs of 60 (up to 19.4 s); yielding (sched_yield, before the nap), 0.6-4.1 s
+#: in 55 runs.
 SPIN_S = 0.05
 #: The nap between polls of a long wait. ``sched_yield`` gave a core away only
 #: to threads queued on it: 6 ranks of 2 fake nodes on 2 cores, each with a

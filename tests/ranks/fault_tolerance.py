@@ -40,8 +40,8 @@ t = torch.ones(4)
 dist.all_reduce(t)
 assert t.tolist() == [SIZE] * 4, t
 
-# Made before the barrier: filling 64 MiB once took a victim 9-13 s with the survivors polling beside a
-# CPU-bound process on 2 cores, and the death came that much later than the survivors' all_reduce.
+# Made before the barrier: beside a CPU-bound process on 2 cores, a victim once took 9-22 s from the barrier
+# to its post (a 0.1 s sleep and filling 64 MiB), and died that much later than the survivors' all_reduce.
 big = torch.ones(1 << 24)
 dist.barrier()
 

@@ -174,11 +174,15 @@ def _ended(request: Any, wait: bool = False) -> bool:
         return True
 
 
-def departed(ranks: Iterable[int]) -> list[int]:
+def departed(ranks: Iterable[int], mpi_ranks: Iterable[int] | None = None) -> list[int]:
     """The ranks in ``ranks`` that left the job over GRACE_S ago (usually none).
 
     Args:
         ranks: world ranks a pending operation needs.
+        mpi_ranks: their ranks in ``MPI_COMM_WORLD``, as the group recorded
+            them when it was made; default: translated now. A group made
+            before a shrink renumbered the world (fault-tolerant mode) must
+            pass them: its world ranks are of the world it was made in.
     """
     if _control is None:
         return []
@@ -189,7 +193,7 @@ def departed(ranks: Iterable[int]) -> list[int]:
     ranks = list(ranks)
     # Goodbyes travel on MPI_COMM_WORLD, whose numbering a shrink of the world changes (fault-tolerant mode).
     return sorted(
-        rank for rank, mpi_rank in zip(ranks, mpi_world_ranks(ranks))
+        rank for rank, mpi_rank in zip(ranks, mpi_world_ranks(ranks) if mpi_ranks is None else mpi_ranks)
         if mpi_rank in _departed and now - _first_seen[mpi_rank] > GRACE_S
     )
 

@@ -32,16 +32,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
-    AllgatherOptions,
-    AllreduceCoalescedOptions,
-    AllreduceOptions,
-    AllToAllOptions,
-    BarrierOptions,
-    BroadcastOptions,
-    GatherOptions,
-    ReduceOptions,
-    ReduceScatterOptions,
-    ScatterOptions,
+    AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions, AllToAllOptions, BarrierOptions,
+    BroadcastOptions, GatherOptions, ReduceOptions, ReduceScatterOptions, ScatterOptions,
 )
 
 from . import debug, validation as check
@@ -52,6 +44,7 @@ from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import cached_reduction, op_kind
 from .work import AllPending, HpcWork, Pending, WorkList, complete_inline
+from .world import mpi_world_ranks
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
@@ -91,16 +84,15 @@ class Front:
         self._by_device: dict[torch.device, Transport] = {}  # each device seen, and its transport
         self._timeout_s = timeout.total_seconds()
         self._global_ranks = tuple(global_ranks)
+        self._mpi_ranks = tuple(mpi_world_ranks(self._global_ranks))  # fixed: a shrink may renumber the world
         self._group_name = ""
         self._seq = 0
         self._closed: str | None = None
         self._monitor = monitor
         self._debug = checker
         self._async_works: list[HpcWork] = []
-        # The works posted since start_coalescing(), or None outside coalescing.
-        self._coalesced: list[HpcWork] | None = None
-        # Set once an operation ended without its communication completing
-        # (timeout, departed peer, closed group): MPI may still touch it.
+        self._coalesced: list[HpcWork] | None = None  # posted since start_coalescing(), or None outside it
+        # Set once an operation ended without its communication completing (timeout, departed peer, closed group).
         self._stranded = False
 
     # -- identity --------------------------------------------------------
@@ -124,6 +116,10 @@ class Front:
         """World rank of each rank of this group."""
         return self._global_ranks
 
+    def mpi_ranks(self) -> tuple[int, ...]:
+        """``MPI_COMM_WORLD`` rank of each rank of this group."""
+        return self._mpi_ranks
+
     def set_timeout(self, timeout: timedelta) -> None:
         """Bound the group's later operations by ``timeout`` (torch's ``ProcessGroup.set_timeout``)."""
         self._timeout_s = timeout.total_seconds()
@@ -140,9 +136,8 @@ class Front:
         return self._cpu_transport if tensor.is_cpu else self._transports[tensor.device.type]
 
     def _one(self, op: str, arg: str, tensors: object) -> tuple[torch.Tensor, Transport]:
-        # check_single and the route in one, for the one-tensor ops (the caller checks the group is open): a device
-        # tensor's transport found by its device (1.9k instructions) where checks and route took device.type (4.3k)
-        # twice, 18k of the front's 36k for a 4-byte all-reduce (callgrind, benchmarks/staged_host_cost.py)
+        # check_single and the route in one, for the one-tensor ops (the caller checks the group is open): checks and
+        # route took device.type twice, 18k of the front's 36k instructions for a 4-byte all-reduce (callgrind).
         if type(tensors) is list and len(tensors) == 1:
             tensor = tensors[0]
             if isinstance(tensor, torch.Tensor) and tensor.layout is torch.strided:
@@ -175,7 +170,7 @@ class Front:
                 else the group's.
         """
         self._seq += 1
-        peers = None if peer == -1 else (() if peer is None else (self._global_ranks[peer],))
+        peers = None if peer == -1 else (() if peer is None else (peer,))
         label = (op, self, self._seq, peers)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         if not async_op:
@@ -573,8 +568,7 @@ class Front:
         if self._closed is not None:
             return
         self._closed = how
-        # Waiters and the progress thread notice `closed` within a few polls
-        # and fail their work; polling here fails work nobody is driving.
+        # Waiters and the progress thread fail their work within a few polls; this fails work nobody drives.
         for work in self._async_works:
             work.poll()
         self._forget_ended_works()

@@ -93,7 +93,7 @@ class CommTimeoutError(dist.DistBackendError):
     """
 
 
-Label = tuple  # (op name, group, sequence number, peer world ranks or None for the whole group)
+Label = tuple  # (op name, group, sequence number, peer group ranks or None for the whole group)
 
 
 def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
@@ -130,7 +130,10 @@ def check_abandoned(label: Label) -> None:
     if group.closed is not None:
         raise GroupClosedError(f"hpccomm {describe(label)}: the group was {group.closed} while this operation was pending")
     # Runs every few hundred polls: build messages only when raising.
-    gone = failure.departed(group.global_ranks() if peers is None else peers)
+    world_ranks, mpi_ranks = group.global_ranks(), group.mpi_ranks()
+    if peers is not None:
+        world_ranks, mpi_ranks = [world_ranks[peer] for peer in peers], [mpi_ranks[peer] for peer in peers]
+    gone = failure.departed(world_ranks, mpi_ranks)
     if gone:
         raise failure.PeerExitedError(
             f"hpccomm {describe(label)}: rank(s) {', '.join(map(str, gone))} left the job while this "
@@ -287,10 +290,11 @@ class HpcWork(dist.Work):
                 elif time.monotonic() > self._deadline:
                     self._complete(self._timeout_error(self._timeout_s), defer_callbacks)
                 else:
-                    try:
-                        check_abandoned(self._label)
-                    except (failure.PeerExitedError, GroupClosedError) as exc:
-                        self._complete(exc, defer_callbacks)
+                    check_abandoned(self._label)
+        except Exception as exc:  # noqa: BLE001
+            # The work ends with it, whatever it is: raised here it would end the progress thread, which
+            # drives every other work (a bug once did that, and DDP's next backward waited forever).
+            self._complete(exc, defer_callbacks)
         finally:
             self._claim.release()
         return self._done
@@ -357,7 +361,7 @@ class HpcWork(dist.Work):
         """Drive the work (claimed) until it ends or ``limit``; past the group deadline it fails."""
         try:
             finished = drive(self._pending.test, limit, self._label)
-        except (failure.PeerExitedError, GroupClosedError) as exc:
+        except Exception as exc:  # a departed peer, a closed group, or anything else: the work ends with it
             self._complete(exc)
             raise
         if finished:

@@ -86,6 +86,9 @@ class Group:
     def global_ranks(self) -> tuple[int, ...]:
         return (0,)
 
+    def mpi_ranks(self) -> tuple[int, ...]:
+        return (0,)
+
     def describe(self) -> str:
         return "group 'test' (1 ranks)"
 

@@ -388,6 +388,23 @@ def resolve_interpreter(command: Sequence[str]) -> tuple[list[str], str | None]:
     )
 
 
+#: ULFM's heartbeat detector, which --ft leaves off (docs/fault-tolerance.md, "A rank that stops"): every
+#: rank heartbeats a neighbour each PERIOD s, from a thread of its own; one silent for TIMEOUT s is a failed
+#: rank. These are the settings measured, for a user who turns it on.
+FT_DETECTOR_SETTINGS = {
+    "OMPI_MCA_mpi_ft_detector": "true",
+    "OMPI_MCA_mpi_ft_detector_thread": "true",
+    "OMPI_MCA_mpi_ft_detector_period": "1",
+    "OMPI_MCA_mpi_ft_detector_timeout": "4",
+}
+FT_DETECTOR_TIMEOUT_S = 4
+
+
+def fault_tolerance_settings() -> list[Setting]:
+    """The environment of ``--ft``: hpccomm's fault-tolerant mode."""
+    return [Setting("HPCCOMM_FT", "1", "--ft: hpccomm's fault-tolerant mode")]
+
+
 def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: bool = False) -> Launch:
     """The launch of ``nprocs`` ranks of ``command``; adds the settings to ``env``.
 
@@ -409,7 +426,7 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: b
     in_slurm = bool(env.get("SLURM_JOB_ID") and shutil.which("srun"))
     if ft:
         _check_fault_tolerance(library, in_slurm)
-        wanted.append(Setting("HPCCOMM_FT", "1", "--ft: hpccomm's fault-tolerant mode"))
+        wanted += fault_tolerance_settings()
     if in_slurm:
         plugin = env.get("HPCCOMM_SRUN_MPI") or ("pmix" if library.family == "openmpi" else "pmi2")
         if library.family == "openmpi":

@@ -195,6 +195,10 @@ class HpccommBackend(Front, Backend):
             shrink_flags: torch's ``SHRINK_DEFAULT``/``SHRINK_ABORT`` (the same here:
                 a failed group's operations have already ended).
             opts_override: the new group's options (its timeout), or None for this group's.
+
+        Raises:
+            PeerFailure: a rank died while the new group was made; shrink again
+                with its ``failed_ranks`` (:meth:`Recovery.rebuild`).
         """
         if self._recovery is None:
             raise RuntimeError(
@@ -202,12 +206,13 @@ class HpccommBackend(Front, Backend):
                 "mpirun --with-ft ulfm); otherwise a rank's failure ends the job"
             )
         excluded = sorted({int(rank) for rank in ranks_to_exclude})
-        comm = self._recovery.survivors(excluded)
         timeout = getattr(opts_override, "_timeout", None) or timedelta(seconds=self._timeout_s)
         if self._make_world is not None:
-            return self._make_world(comm, timeout)  # the default group: torch renumbers the world
+            make_world = self._make_world
+            # The default group: torch renumbers the world.
+            return self._recovery.rebuild(excluded, lambda comm: make_world(comm, timeout))
         remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
-        return self._make_child(comm, remaining, timeout)
+        return self._recovery.rebuild(excluded, lambda comm: self._make_child(comm, remaining, timeout))
 
     # -- ending ------------------------------------------------------------------
 

@@ -146,6 +146,13 @@ class Config:
             on, and ``dist.shrink_group`` (torch >= 2.14) rebuilds the group
             without them. Needs MPI's ULFM (Open MPI 5, started with
             ``--with-ft ulfm``); CPU tensors only.
+        ft_keep_bytes: ``HPCCOMM_FT_KEEP_BYTES``: in fault-tolerant mode, the
+            largest result of an all-reduce, broadcast or all-gather of which
+            each rank keeps a copy (its newest 16), to complete the operation
+            on survivors whose copy failed when others completed it
+            (:mod:`hpccomm.kept_results`); a larger one that completes on
+            some survivors only is reported in ``PeerFailure.uneven``. Each
+            copy costs a pass over the result's memory; 0 keeps none.
     """
 
     debug: bool
@@ -160,6 +167,7 @@ class Config:
     ucc_triggered: bool
     ucc_in_place: str
     ft: bool
+    ft_keep_bytes: int
 
 
 def _read() -> Config:
@@ -181,6 +189,7 @@ def _read() -> Config:
         ucc_triggered=_flag("HPCCOMM_UCC_TRIGGERED"),
         ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),
+        ft_keep_bytes=_size("HPCCOMM_FT_KEEP_BYTES", 64 << 10),
     )
 
 

@@ -10,7 +10,10 @@ In fault-tolerant mode hpccomm runs on MPI's User-Level Failure Mitigation
   communicators, so that every survivor's pending and next operations on the
   group fail too, and each survivor then takes part in one shrink of the
   group's communicator: the ranks missing from its result are the failed
-  ones, agreed by construction (:class:`Recovery`);
+  ones, agreed by construction (:class:`Recovery`). The revoke waits until
+  every survivor has said where it stopped (:mod:`hpccomm.stop_points`), so
+  that it ends the same operations on all of them, and every survivor
+  reports the same operation as failed;
 * ``dist.shrink_group(error.failed_ranks)`` (torch >= 2.14) then builds the
   survivors' group on that shrunk communicator, ranks renumbered
   (:meth:`Recovery.survivors`, called from the backend's ``shrink``).
@@ -28,35 +31,73 @@ torch register a shrunk group as the custom backend it is.
 
 from __future__ import annotations
 
+import itertools
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from .config import settings
+from .kept_results import KeptResults, fill, shared_outputs
+from .stop_points import StopPoints
 from .transports import Transport, WrappingTransport
 from .work import Pending
 from . import world
 from .world import mpi, skip_finalize
 
-#: How often an operation waiting in shared memory looks for a failure it cannot see (:meth:`Recovery.watch`).
+T = TypeVar("T")
+
+#: How often a waiting operation looks for a failure it cannot see itself (:meth:`Recovery.watch`).
 _WATCH_S = 0.01
+#: Between polls while a survivor waits for the others' stops.
+_STOPS_POLL_S = 0.001
+#: The survivors' communicator carries nothing else before the new group is built on it.
+_REPAIR_TAG = 1
+#: Point-to-point operations: numbered with the collective after them (:meth:`Recovery.begin`).
+_POINT_TO_POINT = frozenset({"send", "recv"})
 
 
 class FailureSeen(Exception):
     """A waiting operation saw the group revoked or a rank of its node dead (internal: becomes PeerFailure)."""
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name ([] once it has gone)."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+            return stat.read().rsplit(")", 1)[1].split()
     except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
+        return []
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    fields = _stat(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot), or '' once it has gone: tells a reused pid."""
+    fields = _stat(pid)
+    return fields[19] if len(fields) > 19 else ""
+
+
+def _fence(pid: int, started: str) -> None:
+    """SIGKILL the process of a rank agreed failed, if it still runs (stopped or hung) as that same process.
+
+    Excluded by the survivors, it must not go on acting (a stopped rank that
+    resumes), and the launcher waits for it before the job can end.
+    """
+    if started and _started(pid) == started:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class PeerFailure(dist.DistBackendError):
@@ -68,14 +109,20 @@ class PeerFailure(dist.DistBackendError):
     Attributes:
         failed_ranks: the dead ranks, as ranks of the group the operation ran on,
             the same on every survivor.
+        uneven: empty when every survivor stopped at the same operation of the
+            group (the failed one), so that each redoes the same step. Else each
+            survivor's first operation not completed (group rank -> operation
+            number, counted from the group's first): a rank died in the middle
+            of an operation that some survivors completed and others did not.
     """
 
-    def __init__(self, message: str, failed_ranks: Sequence[int]) -> None:
+    def __init__(self, message: str, failed_ranks: Sequence[int], uneven: dict[int, int] | None = None) -> None:
         super().__init__(message)
         self.failed_ranks = list(failed_ranks)
+        self.uneven = dict(uneven or {})
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.failed_ranks))
+        return (type(self), (str(self), self.failed_ranks, self.uneven))
 
 
 def failed_ranks(group: dist.ProcessGroup | None = None) -> list[int] | None:
@@ -125,42 +172,92 @@ class Recovery:
         comm: the group's communicator that the survivors shrink (the backend's own).
         revocable: every communicator the group's operations run on; all are
             revoked at the first failure, so that no survivor waits on one.
-        node_pids: the process ids of the group's other ranks on this node,
-            which :meth:`watch` checks.
+        node_ranks: the group's other ranks on this node: rank -> (process id,
+            its start time), which :meth:`watch` checks and a failed one is
+            ended by (:func:`_fence`).
         describe: the group's description, for messages.
+        stops: where the group's survivors stopped, exchanged on a communicator
+            of its own (:mod:`hpccomm.stop_points`).
     """
 
     def __init__(
-        self, comm: Any, revocable: Sequence[Any], node_pids: Sequence[int], describe: Callable[[], str]
+        self,
+        comm: Any,
+        revocable: Sequence[Any],
+        node_ranks: dict[int, tuple[int, str]],
+        describe: Callable[[], str],
+        stops: StopPoints,
     ) -> None:
         self._comm = comm
         self._revocable = list(revocable)
-        self._node_pids = list(node_pids)
+        self._node_ranks = dict(node_ranks)
         self._describe = describe
+        self._stops = stops
         self._lock = threading.Lock()
         self._failed: list[int] | None = None
+        self._uneven: dict[int, int] = {}
         self._shrunk: Any = None
         self._next_watch = 0.0
+        self._death_seen = False
+        #: The number the next collective posted on the group takes.
+        self._next_op = 0
+        #: This rank's operations posted and not yet ended: a key of each -> its number (point-to-point
+        #: operations share one). Each change is one dict operation, atomic under the GIL: no lock per call.
+        self._pending: dict[int, int] = {}
+        self._keys = itertools.count()
+        self.kept = KeptResults(settings.ft_keep_bytes)
+        #: Operation number -> another survivor's result for this rank's failed copy of it (:meth:`_repair`).
+        self._repairs: dict[int, list[bytes]] = {}
+
+    def begin(self, op: str) -> tuple[int, int]:
+        """Number an operation as it is posted: (its key, its number); pending until :meth:`end` of the key."""
+        number = self._next_op
+        if op not in _POINT_TO_POINT:
+            self._next_op = number + 1
+        key = next(self._keys)
+        self._pending[key] = number
+        return key, number
+
+    def end(self, key: int) -> None:
+        """The operation of ``key`` completed or failed here."""
+        self._pending.pop(key, None)
+
+    def _first_pending(self) -> int:
+        """This rank's first operation not completed (the next one, when none is pending)."""
+        return min(list(self._pending.values()), default=self._next_op)
+
+    def _is_pending(self, number: int) -> bool:
+        return number in list(self._pending.values())
 
     def watch(self) -> None:
         """Raise :class:`FailureSeen` if the group met a failure that a waiting operation cannot see itself.
 
-        An operation waiting in shared memory (the node's engine, or a
-        hierarchical collective's node stage) calls no MPI: it would wait on a
-        dead rank of its node, or on a leader that has left for the agreement,
-        without end. Every 10 ms of waiting it looks: is the group revoked
-        (another survivor met the failure), or did a rank of the group on this
-        node die? Then it joins the agreement.
+        Every 10 ms of waiting it looks: has another survivor stopped at or
+        before the operation this rank waits on (it will never join it)? An
+        operation waiting in shared memory (the node's engine, or a
+        hierarchical collective's node stage) calls no MPI, so it also looks
+        for a revoked group and for a dead rank of the group on this node:
+        else it would wait on a dead rank, or on a leader that has left for
+        the agreement, without end. Then it joins the agreement.
         """
         now = time.monotonic()
         if now < self._next_watch:
             return
         self._next_watch = now + _WATCH_S
+        self._stops.poll()
+        lowest = self._stops.lowest()
+        if lowest is not None and self._first_pending() >= lowest:
+            raise FailureSeen(f"another survivor of {self._describe()} stopped at its operation {lowest}")
         if self._comm.Is_revoked():
             raise FailureSeen(f"{self._describe()} was revoked by another survivor")
-        for pid in self._node_pids:
+        for pid, _ in self._node_ranks.values():
             if not _alive(pid):
-                raise FailureSeen(f"process {pid} of {self._describe()} on this node died")
+                if self._death_seen:
+                    raise FailureSeen(f"process {pid} of {self._describe()} on this node died")
+                # Not yet: the operation may need nothing more of it (it finished its share, and
+                # other survivors complete the operation). Blocked still at the next look, it fails.
+                self._death_seen = True
+                return
 
     @property
     def failed_ranks(self) -> list[int] | None:
@@ -170,10 +267,10 @@ class Recovery:
     def failure(self, error: BaseException, op: str) -> BaseException:
         """The error to raise for ``error``, met by ``op``: the group's PeerFailure if ranks failed.
 
-        The first MPI error revokes the group's communicators and shrinks the group
-        with the other survivors (blocking until each has met the failure too:
-        the revoke makes that their next operation on the group, if not the
-        pending one); later calls return at once.
+        The first MPI error announces where this rank stopped, waits for every
+        other rank's stop (or death), then revokes the group's communicators
+        and shrinks the group with the other survivors (blocking until each
+        has met the failure too); later calls return at once.
         """
         if not isinstance(error, (mpi().Exception, FailureSeen)):
             return error  # bad input and the like: nothing was posted
@@ -195,13 +292,26 @@ class Recovery:
         """The group's PeerFailure, for ``op`` (once the failure has been agreed)."""
         assert self._failed is not None
         ranks = ", ".join(map(str, self._failed))
+        uneven = ""
+        if self._uneven:
+            stops = ", ".join(f"rank {rank} at operation {stop}" for rank, stop in self._uneven.items())
+            uneven = (
+                f". The survivors stopped at different operations ({stops}): a rank died in the middle of one "
+                "that some survivors completed, so redoing the failed step would pair different operations"
+            )
         return PeerFailure(
             f"hpccomm {op} on {self._describe()}: rank(s) {ranks} of this group failed (agreed by the "
-            f"survivors); recover with dist.shrink_group({self._failed}, group) and rebuild what used it",
+            f"survivors); recover with dist.shrink_group({self._failed}, group) and rebuild what used it{uneven}",
             self._failed,
+            self._uneven,
         )
 
     def _agree(self) -> list[int]:
+        # Not revoked before every survivor has said where it stopped: a survivor still inside an
+        # earlier operation (all of whose data was sent) completes it, as the others did.
+        self._stops.announce(self._first_pending())
+        while not self._stops.complete():
+            time.sleep(_STOPS_POLL_S)
         for comm in self._revocable:
             try:
                 comm.Revoke()
@@ -214,7 +324,104 @@ class Recovery:
         self._shrunk = shrunk
         MPI = mpi()
         kept = MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())), self._comm.Get_group())
-        return sorted(set(range(self._comm.Get_size())) - set(kept))
+        failed = sorted(set(range(self._comm.Get_size())) - set(kept))
+        self._fence(failed)
+        # The stops of the survivors only: a rank that announced and then died does not count.
+        survivors = {rank: stop for rank, stop in self._stops.stops.items() if rank not in failed}
+        if len(set(survivors.values())) > 1:
+            self._uneven = self._repair(shrunk, survivors)
+        return failed
+
+    def _repair(self, shrunk: Any, stops: dict[int, int]) -> dict[int, int]:
+        """Even out the survivors' stops where one operation completed on some of them only. Collective.
+
+        Where every survivor stopped at m or m + 1, each one that stopped at m
+        had operation m posted, and one that stopped at m + 1 kept its result
+        (:mod:`hpccomm.kept_results`), that one sends the result to the others,
+        whose operation m then completes with it. Decided on what every
+        survivor tells every other, so all reach the same answer.
+
+        Returns:
+            the survivors' stops if they still differ, else {}.
+        """
+        me = self._comm.Get_rank()
+        told = shrunk.allgather((me, self._is_pending(stops[me]), self.kept.numbers()))
+        first, last = min(stops.values()), max(stops.values())
+        behind = [index for index, (rank, posted, _) in enumerate(told) if stops[rank] == first]
+        sources = [index for index, (rank, _, kept) in enumerate(told) if stops[rank] == last and first in kept]
+        if last != first + 1 or not sources or not all(told[index][1] for index in behind):
+            return dict(sorted(stops.items()))
+        source, here = sources[0], shrunk.Get_rank()
+        if here == source:
+            payload = self.kept.payload(first)
+            for index in behind:
+                shrunk.send(payload, dest=index, tag=_REPAIR_TAG)
+        elif here in behind:
+            self._repairs[first] = shrunk.recv(source=source, tag=_REPAIR_TAG)
+        return {}
+
+    def _fence(self, failed: Sequence[int]) -> None:
+        """End the processes of failed ranks on this node that still run: ULFM's detector found them silent."""
+        for rank in failed:
+            if rank in self._node_ranks:
+                _fence(*self._node_ranks[rank])
+
+    def take_repair(self, number: int) -> list[bytes] | None:
+        """Another survivor's result for this rank's failed operation ``number``, or None (:meth:`_repair`)."""
+        return self._repairs.pop(number, None)
+
+    def rebuild(self, excluded: Sequence[int], build: Callable[[Any], T]) -> T:
+        """The survivors' group, made by ``build`` on their communicator (collective over them).
+
+        A rank that dies while the group is built leaves the survivors
+        agreeing on it as on any failure: ``build`` is checked on every
+        survivor by one more shrink (which of them are alive) and an agreement
+        (whether each one built it), the same answer everywhere. Then the new
+        group is dropped, and this group's :class:`PeerFailure` names every
+        dead rank, so that a second ``dist.shrink_group`` with those ranks
+        builds the group on the survivors that remain.
+
+        Args:
+            excluded: ranks of this group to leave out (every failed one included).
+            build: makes the new group on a communicator it then owns.
+
+        Raises:
+            PeerFailure: a rank died while the new group was made.
+        """
+        comm = self.survivors(excluded)
+        MPI = mpi()
+        built: T | None = None
+        error: BaseException | None = None
+        try:
+            built = build(comm)
+        except Exception as exc:
+            error = exc
+            try:
+                comm.Revoke()  # the survivors still inside the build's collectives leave them
+            except MPI.Exception:
+                pass
+        alive = comm.Shrink()
+        try:
+            everyone_built = bool(alive.Agree(int(error is None)))
+        except MPI.Exception:
+            everyone_built = False
+        if everyone_built and alive.Get_size() == comm.Get_size():
+            alive.Free()
+            return built  # type: ignore[return-value]
+        if built is not None:
+            built.abort()
+        kept = MPI.Group.Translate_ranks(alive.Get_group(), list(range(alive.Get_size())), self._comm.Get_group())
+        failed = sorted(set(range(self._comm.Get_size())) - set(kept))
+        self._fence(failed)
+        if failed == self._failed:
+            alive.Free()
+            raise error if error is not None else RuntimeError("hpccomm shrink: another survivor could not build the group")
+        self._failed, self._shrunk, self._uneven = failed, alive, {}
+        raise self.peer_failure("shrink") from error
+
+    def close(self) -> None:
+        """Release the stop exchange (local; idempotent)."""
+        self._stops.close()
 
     def survivors(self, excluded: Sequence[int]) -> Any:
         """A communicator over this group's ranks but ``excluded``, for the shrunk group (collective over them).
@@ -263,8 +470,9 @@ def protect(
     distinct = list({id(t): t for t in transports.values()}.values())
     revocable = [*own, *(c for transport in distinct for c in transport.communicators())]
     here, me = world.hostname(), os.getpid()
-    node_pids = [pid for host, pid in comm.allgather((here, me)) if host == here and pid != me]
-    recovery = Recovery(own[0], revocable, node_pids, describe)
+    everyone = comm.allgather((here, me, _started(me)))
+    node_ranks = {rank: (pid, started) for rank, (host, pid, started) in enumerate(everyone) if host == here and pid != me}
+    recovery = Recovery(own[0], revocable, node_ranks, describe, StopPoints(comm.Dup()))
     wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in distinct}
     return recovery, {device: wrapped[id(t)] for device, t in transports.items()}
 
@@ -282,13 +490,18 @@ class FaultTolerantTransport(WrappingTransport):
         self.recovery = recovery
 
     def _post(self, op: str, *args: Any) -> Pending:
-        if self.recovery.failed_ranks:
+        recovery = self.recovery
+        if recovery.failed_ranks:
             # Not left to the revoked communicator: a small collective posted on one was seen to complete.
-            raise self.recovery.peer_failure(op)
+            raise recovery.peer_failure(op)
+        key, number = recovery.begin(op)
         try:
-            return _FailurePending(getattr(self.inner, op)(*args), self.recovery, op)
+            return _FailurePending(getattr(self.inner, op)(*args), recovery, op, key, number, shared_outputs(op, args))
         except Exception as exc:
-            error = self.recovery.failure(exc, op)
+            try:
+                error = recovery.failure(exc, op)
+            finally:
+                recovery.end(key)
             if error is exc:
                 raise
             raise error from exc
@@ -298,33 +511,59 @@ class FaultTolerantTransport(WrappingTransport):
             self.inner.close(in_flight)
         except mpi().Exception:
             pass  # a revoked communicator of a failed group
+        self.recovery.close()
 
 
 class _FailurePending:
     """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
 
-    def __init__(self, inner: Any, recovery: Recovery, op: str) -> None:
+    def __init__(
+        self, inner: Any, recovery: Recovery, op: str, key: int, number: int, outputs: list[torch.Tensor] | None
+    ) -> None:
         self._inner = inner
         self._recovery = recovery
         self._op = op
+        self._key: int | None = key
+        self._outputs = outputs
+        self._number = number
         self._error: BaseException | None = None
+        self._repair: list[bytes] | None = None
 
     def test(self) -> bool:
-        if self._error is not None:
+        if self._key is None:
             return True
         try:
             if self._inner.test():
+                self._end()
                 return True
             self._recovery.watch()
             return False
         except Exception as exc:
-            self._error = self._recovery.failure(exc, self._op)
+            try:
+                error = self._recovery.failure(exc, self._op)
+                repair = self._recovery.take_repair(self._number) if self._outputs is not None else None
+            finally:
+                self._end()
+            if repair is None:
+                self._error = error
+            else:
+                self._repair = repair  # completed by another survivor's result: see hpccomm.kept_results
             return True
+
+    def _end(self) -> None:
+        key, self._key = self._key, None
+        if key is not None:
+            self._recovery.end(key)
 
     def finish(self) -> None:
         if self._error is not None:
             raise self._error
+        if self._repair is not None:
+            fill(self._outputs, self._repair)
+            return
         self._inner.finish()
+        if self._outputs is not None:
+            self._recovery.kept.keep(self._number, self._outputs)
 
     @property
     def source_rank(self) -> int:

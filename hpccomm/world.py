@@ -178,7 +178,10 @@ def skip_finalize() -> None:
 
 
 def _finalize_at_exit(MPI: Any) -> None:
-    if not _finalize_skipped and not MPI.Is_finalized():
+    # With ULFM's heartbeat detector on, Open MPI 5.0.11's MPI_Finalize was seen to spin without end in
+    # ompi_comm_failure_detector_finalize (3 of 4 jobs of 4 ranks that had met no failure).
+    detector = os.environ.get("OMPI_MCA_mpi_ft_detector", "").strip().lower() in ("1", "true", "yes", "on")
+    if not _finalize_skipped and not detector and not MPI.Is_finalized():
         MPI.Finalize()
 
 
@@ -189,7 +192,13 @@ def identity() -> Identity:
         return _identity
     with _lock:
         if _identity is None:
-            _identity = _discover()
+            try:
+                _identity = _discover()
+            except mpi().Exception:
+                # A rank died while MPI started (fault-tolerant mode: the job goes on): this process
+                # raises, and MPI_Finalize at its exit would wait for the dead rank without end.
+                skip_finalize()
+                raise
             _export_env(_identity)
             _report_thread_level(_identity)
             for step in _on_identity:

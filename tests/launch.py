@@ -41,6 +41,8 @@ FAIL_FAST_S = 10.0  # every rank ends within this long after one rank fails
 #: A launcher still running this long after every rank it started has ended is stuck (the module docstring).
 STUCK_LAUNCHER_S = 10.0
 POLL_S = 0.5
+#: How long a hung run's ranks get to print their stacks before they are killed.
+STACKS_WAIT_S = 2.0
 #: The hierarchical path forced onto every size, in 64-byte chunks (1 KiB slots): many chunks and pieces.
 HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 #: hpccomm-run of the environment under test.
@@ -90,6 +92,7 @@ def run_ranks(
     limit_s: float = DEFAULT_LIMIT_S,
     launcher: Sequence[str] | None = None,
     python: str = sys.executable,
+    stacks_on_timeout: bool = False,
 ) -> RankRun:
     """Run ``tests/ranks/<script>`` on ``nprocs`` ranks and return its result.
 
@@ -102,9 +105,11 @@ def run_ranks(
         launcher: the launcher's command words (default: :func:`default_launcher`).
         python: the interpreter as the command names it (a bare ``python3``
             tests how the launcher resolves it).
+        stacks_on_timeout: see :func:`run_launcher`.
     """
     words = list(launcher) if launcher is not None else default_launcher()
-    return run_launcher([*words, "-n", str(nprocs)], script, *args, env=env, limit_s=limit_s, python=python)
+    return run_launcher([*words, "-n", str(nprocs)], script, *args, env=env, limit_s=limit_s, python=python,
+                        stacks_on_timeout=stacks_on_timeout)
 
 
 def run_launcher(
@@ -114,6 +119,7 @@ def run_launcher(
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
     python: str = sys.executable,
+    stacks_on_timeout: bool = False,
 ) -> RankRun:
     """Run ``launcher ... python tests/ranks/<script> args`` in a new session, killed past ``limit_s``.
 
@@ -124,6 +130,9 @@ def run_launcher(
         env: extra environment variables for the launcher and ranks.
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
         python: the interpreter as the command names it.
+        stacks_on_timeout: past ``limit_s``, first send the ranks SIGUSR1 and
+            wait :data:`STACKS_WAIT_S` (a script that registers
+            ``faulthandler`` for it prints every thread's stack), then kill.
     """
     command = [*launcher, python, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -142,6 +151,9 @@ def run_launcher(
         if time.monotonic() >= deadline:
             ranks = _descendants(proc.pid)
             hung = _describe([proc.pid, *ranks])
+            if stacks_on_timeout:
+                _signal_ranks(ranks, str(RANKS_DIR / script), signal.SIGUSR1)
+                time.sleep(STACKS_WAIT_S)
             output = _kill(proc, ranks)
             return RankRun(proc.returncode, f"{output}\nstill running at the {limit_s:.0f} s limit:\n{hung}", True)
         ended_at = watch.all_ended_at()
@@ -197,6 +209,17 @@ def _running(pid: int) -> bool:
         return _stat(pid)[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _signal_ranks(pids: list[int], script: str, signum: int) -> None:
+    """Send ``signum`` to those of ``pids`` that run ``script`` (``python <script> ...``, not a launcher naming it)."""
+    for pid in pids:
+        words = _cmdline(pid).split(" ")
+        if len(words) > 1 and words[1] == script:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
 
 
 def _kill(proc: subprocess.Popen, ranks: list[int]) -> str:

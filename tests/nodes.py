@@ -54,6 +54,7 @@ def run_on_nodes(
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
     launcher_options: Sequence[str] = (),
+    stacks_on_timeout: bool = False,
 ) -> NodesRun:
     """Run ``tests/ranks/<script>`` with ``per_node[i]`` ranks on fake node ``n<i+1>``.
 
@@ -66,6 +67,7 @@ def run_on_nodes(
         env: extra environment variables for the ranks.
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
         launcher_options: more options for the launcher (e.g. ``--with-ft ulfm``).
+        stacks_on_timeout: see :func:`launch.run_launcher`.
     """
     require_namespaces()
     hosts = [f"n{i + 1}" for i in range(len(per_node))]
@@ -75,7 +77,8 @@ def run_on_nodes(
         try:
             launcher = _launcher(hosts, per_node, round_robin) + list(launcher_options)
             run_env = {**openmpi_env(), **(env or {}), "HPCCOMM_TEST_NODES": state}
-            run = run_launcher(launcher, script, *args, env=run_env, limit_s=limit_s)
+            run = run_launcher(launcher, script, *args, env=run_env, limit_s=limit_s,
+                               stacks_on_timeout=stacks_on_timeout)
             leftovers = {host: sorted(os.listdir(f"/proc/{pid.pid}/root/dev/shm")) for host, pid in zip(hosts, holders)}
         finally:
             for holder in holders:

@@ -9,7 +9,13 @@ DeviceMesh and DDP on the survivors' group, with hpccomm's identity and topology
 (tests/ranks/fault_tolerance.py), the failed collective on flat MPI, on the
 node's shared-memory engine, or hierarchical on two fake nodes; survivors
 that exit instead must end the job cleanly; examples/train_ft.py recovers
-from a death mid-backward. Elsewhere ``hpccomm-run --ft`` and
+from a death mid-backward. A training loop that redoes its failed step
+(tests/ranks/ft_training.py; benchmarks/ft_stress.py runs it at every moment,
+path and load) must end with every step run once and exact values: issue 32's
+hang (survivors that redid different steps), an operation completed on some
+survivors only (completed on the others from a kept result), a death inside
+``dist.shrink_group`` (a second shrink), a death in DDP's backward.
+Elsewhere ``hpccomm-run --ft`` and
 ``HPCCOMM_FT=1`` must refuse, naming what is missing: each environment
 asserts what it should do.
 """
@@ -72,6 +78,38 @@ def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
     if not refused(run, across_nodes=True):
         check_survivors(run, range(4), victims, "hier")
         assert run.leftovers == {"n1": [], "n2": []}, run.leftovers
+
+
+@pytest.mark.parametrize(
+    "when, nprocs, victims, env",
+    [
+        # Issue 32's hang: 7 of 26 runs under load had the survivors redo different steps.
+        ("before", 4, "2", {}),
+        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat"}),
+        ("shrink", 4, "1,2", {"HPCCOMM_ALGO": "flat"}),
+        ("backward", 3, "1", SHM_EVERYWHERE),
+    ],
+)
+def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, victims, env):
+    # tests/ranks/ft_training.py (benchmarks/ft_stress.py runs it at every moment, path and load): 30 steps,
+    # the victims die at step 5, the survivors shrink, redo the step and check every value and rank.
+    run = run_ranks(nprocs, "ft_training.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120,
+                    stacks_on_timeout=True)
+    if refused(run):
+        return
+    assert not run.timed_out and run.returncode == 0, run.output[-6000:]
+    dead = victims.split(",")
+    survivors = {str(rank) for rank in range(nprocs) if str(rank) not in dead}
+    assert set(re.findall(r"^OK rank=(\d+)", run.output, re.MULTILINE)) == survivors, run.output[-4000:]
+    failures = re.findall(r"^FAILED rank=\d+ step=\d+ at=([\d.]+) in=(\w+) uneven=(.*)$", run.output, re.MULTILINE)
+    died = sorted(float(at) for at in re.findall(r"^DIED rank=\d+ at=([\d.]+)", run.output, re.MULTILINE))
+    assert len(died) == len(dead) and failures, run.output[-4000:]
+    for at, _where, uneven in failures:
+        assert float(at) - max(d for d in died if d <= float(at)) < DETECTED_WITHIN_S, run.output[-4000:]
+        assert uneven in ("{}", "?"), run.output[-4000:]  # every survivor stopped at the same operation
+    if when == "shrink":
+        # The second victim died while the group was being shrunk: the survivors shrank again.
+        assert any(where == "shrink" for _, where, _ in failures), run.output[-4000:]
 
 
 def refused(run: RankRun, across_nodes: bool = False) -> bool:

@@ -352,8 +352,11 @@ class Recovery:
         if last != first + 1 or not sources or not all(told[index][1] for index in behind):
             return dict(sorted(stops.items()))
         source, here = sources[0], shrunk.Get_rank()
+        payload = self.kept.payload(first) if here == source else None
+        # A held result may have changed since the source said it had it: it says again, to all.
+        if not shrunk.bcast(payload is not None, root=source):
+            return dict(sorted(stops.items()))
         if here == source:
-            payload = self.kept.payload(first)
             for index in behind:
                 shrunk.send(payload, dest=index, tag=_REPAIR_TAG)
         elif here in behind:
@@ -495,6 +498,7 @@ class FaultTolerantTransport(WrappingTransport):
             # Not left to the revoked communicator: a small collective posted on one was seen to complete.
             raise recovery.peer_failure(op)
         key, number = recovery.begin(op)
+        recovery.kept.posting(args)
         try:
             return _FailurePending(getattr(self.inner, op)(*args), recovery, op, key, number, shared_outputs(op, args))
         except Exception as exc:

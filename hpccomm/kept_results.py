@@ -8,11 +8,15 @@ still open when the death was learnt), 1 run in 39 of issue 32's reproducer
 under load. Then one survivor would redo a step the others had finished.
 
 Every collective whose result is the same on every rank (all-reduce,
-broadcast, all-gather, barrier) and is at most ``HPCCOMM_FT_KEEP_BYTES``
-(64 KiB) has a copy of its CPU outputs kept once it completes, the newest
-:data:`KEPT_OPERATIONS` of them. Larger ones are not kept: a copy costs a
+broadcast, all-gather, barrier) has its CPU outputs kept once it completes,
+the newest :data:`KEPT_OPERATIONS` of them: copied where they are at most
+``HPCCOMM_FT_KEEP_BYTES`` (64 KiB); larger ones by reference (a copy costs a
 pass over the result's memory on every call, as much as a fast all-reduce
-of it. When the
+of it), valid only while the tensor is unchanged: its version counter
+(which every in-place torch operation on it or its views advances) is the
+one it had, and no later operation of the group has been posted with the
+same memory (an MPI write advances no counter). A tensor changed in a way
+neither sees (through ``.data`` or a NumPy view) would be sent changed. When the
 survivors find that some of them completed operation m and the others failed
 it (and no survivor got further), a survivor that completed it sends its
 copy to the others, whose operation m then completes with it: every
@@ -22,6 +26,7 @@ survivor stops at operation m + 1, and the redo pairs up.
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,33 +62,81 @@ class KeptResults:
 
     def __init__(self, max_bytes: int) -> None:
         self._max_bytes = max_bytes
-        #: Operation number % KEPT_OPERATIONS -> (number, its outputs' bytes): one list store a call, no lock.
-        self._ring: list[tuple[int, list[bytes]] | None] = [None] * KEPT_OPERATIONS
+        #: Operation number % KEPT_OPERATIONS -> (number, its outputs' bytes, or _Held for large ones): one
+        #: list store a call, no lock.
+        self._ring: list[tuple[int, list[bytes] | _Held] | None] = [None] * KEPT_OPERATIONS
+        #: Storage address -> the number of the operation whose held outputs live there.
+        self._held_at: dict[int, int] = {}
 
     def keep(self, number: int, outputs: Sequence[torch.Tensor]) -> None:
         """Copy ``outputs``, the result of completed operation ``number`` (if it is small enough)."""
-        if len(outputs) == 1:  # all-reduce and broadcast: 0.4 us a call here, where torch's clone() took 0.8
+        copies: list[bytes] | _Held
+        if len(outputs) == 1 and outputs[0].nbytes <= self._max_bytes:
+            # all-reduce and broadcast: 0.4 us a call here, where torch's clone() took 0.8
             tensor = outputs[0]
-            size = tensor.nbytes
-            if size > self._max_bytes:
-                return
-            copies = [ctypes.string_at(tensor.data_ptr(), size) if tensor.is_contiguous() else _bytes_of(tensor)]
-        else:
-            if sum(t.nbytes for t in outputs) > self._max_bytes:
-                return
+            copies = [ctypes.string_at(tensor.data_ptr(), tensor.nbytes) if tensor.is_contiguous() else _bytes_of(tensor)]
+        elif sum(t.nbytes for t in outputs) <= self._max_bytes:
             copies = [ctypes.string_at(t.data_ptr(), t.nbytes) if t.is_contiguous() else _bytes_of(t) for t in outputs]
-        self._ring[number % KEPT_OPERATIONS] = (number, copies)
+        else:
+            copies = _Held(outputs)
+            for address in copies.addresses:
+                self._held_at[address] = number
+        slot = number % KEPT_OPERATIONS
+        dropped = self._ring[slot]
+        self._ring[slot] = (number, copies)
+        if dropped is not None and isinstance(dropped[1], _Held):
+            self._forget(dropped[0], dropped[1])
+
+    def posting(self, args: Sequence[Any]) -> None:
+        """Another operation is posted with ``args``: held results in the same memory are no longer valid."""
+        if not self._held_at:
+            return
+        for value in args:
+            for tensor in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(tensor, torch.Tensor):
+                    number = self._held_at.get(tensor.untyped_storage().data_ptr())
+                    if number is not None:
+                        entry = self._ring[number % KEPT_OPERATIONS]
+                        if entry is not None and entry[0] == number:
+                            self._ring[number % KEPT_OPERATIONS] = None
+                            self._forget(number, entry[1])
+
+    def _forget(self, number: int, held: Any) -> None:
+        for address in getattr(held, "addresses", ()):
+            if self._held_at.get(address) == number:
+                del self._held_at[address]
 
     def numbers(self) -> list[int]:
-        """The operations whose results are kept."""
-        return sorted(entry[0] for entry in list(self._ring) if entry is not None)
+        """The operations whose results are kept (and, held ones, unchanged)."""
+        return sorted(
+            entry[0] for entry in list(self._ring)
+            if entry is not None and (not isinstance(entry[1], _Held) or entry[1].unchanged())
+        )
 
-    def payload(self, number: int) -> list[bytes]:
-        """Operation ``number``'s kept outputs, as bytes to send."""
+    def payload(self, number: int) -> list[bytes] | None:
+        """Operation ``number``'s kept outputs, as bytes to send; None where they are gone or changed."""
         entry = self._ring[number % KEPT_OPERATIONS]
         if entry is None or entry[0] != number:
-            raise KeyError(number)
+            return None
+        if isinstance(entry[1], _Held):
+            return entry[1].payload()
         return list(entry[1])
+
+
+class _Held:
+    """Outputs too large to copy on every call, held with their version counters."""
+
+    def __init__(self, outputs: Sequence[torch.Tensor]) -> None:
+        self.tensors = list(outputs)
+        self.versions = [t._version for t in outputs]
+        self.addresses = [t.untyped_storage().data_ptr() for t in outputs]
+
+    def unchanged(self) -> bool:
+        return [t._version for t in self.tensors] == self.versions
+
+    def payload(self) -> list[bytes] | None:
+        data = [_bytes_of(t) for t in self.tensors]
+        return data if self.unchanged() else None
 
 
 def _bytes_of(tensor: torch.Tensor) -> bytes:

@@ -174,7 +174,7 @@ def summary(group: list[Outcome]) -> str:
     return (f"{len(group)} | {count['ok']} | {count['hang']} | {count['wrong']} | {count['late']} | "
             f"{sum(o.uneven > 0 for o in group)} | {sum(o.in_shrink > 0 for o in group)} | "
             f"{f'{statistics.median(lags):.3f}' if lags else '-'} | {f'{max(lags):.3f}' if lags else '-'} | "
-            f"{statistics.median(o.wall_s for o in group)} |")
+            f"{statistics.median(o.wall_s for o in group):.1f} |")
 
 
 if __name__ == "__main__":

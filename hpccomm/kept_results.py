@@ -26,7 +26,6 @@ survivor stops at operation m + 1, and the redo pairs up.
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,11 +70,9 @@ class KeptResults:
     def keep(self, number: int, outputs: Sequence[torch.Tensor]) -> None:
         """Copy ``outputs``, the result of completed operation ``number`` (if it is small enough)."""
         copies: list[bytes] | _Held
-        if len(outputs) == 1 and outputs[0].nbytes <= self._max_bytes:
-            # all-reduce and broadcast: 0.4 us a call here, where torch's clone() took 0.8
-            tensor = outputs[0]
-            copies = [ctypes.string_at(tensor.data_ptr(), tensor.nbytes) if tensor.is_contiguous() else _bytes_of(tensor)]
-        elif sum(t.nbytes for t in outputs) <= self._max_bytes:
+        size = outputs[0].nbytes if len(outputs) == 1 else sum(t.nbytes for t in outputs)  # the hot path: one tensor
+        if size <= self._max_bytes:
+            # Bytes straight from memory: 0.6 us a call for a 4-byte all-reduce, where torch's clone() took 0.8.
             copies = [ctypes.string_at(t.data_ptr(), t.nbytes) if t.is_contiguous() else _bytes_of(t) for t in outputs]
         else:
             copies = _Held(outputs)
@@ -153,7 +150,7 @@ def fill(outputs: Sequence[torch.Tensor], payload: Sequence[bytes]) -> None:
     if len(payload) != len(outputs):
         raise RuntimeError(f"hpccomm: another survivor's result has {len(payload)} tensors, this rank's {len(outputs)}")
     for tensor, data in zip(outputs, payload):
-        if len(data) != tensor.numel() * tensor.element_size():
+        if len(data) != tensor.nbytes:
             raise RuntimeError("hpccomm: another survivor's result does not fit this rank's tensor")
         if data:
             tensor.copy_(torch.frombuffer(bytearray(data), dtype=tensor.dtype).view(tensor.shape))

@@ -24,8 +24,9 @@ every one of them.
 A death in the middle of an operation can still leave it completed on some
 survivors and failed on others (a rank that forwarded its share to one
 survivor and died before sending it to another). The announced stops show
-it; :class:`~hpccomm.fault_tolerance.PeerFailure` then says so
-(``uneven``), rather than letting the survivors' group hang later.
+it: :mod:`hpccomm.kept_results` completes it on the others where it can,
+and :class:`~hpccomm.fault_tolerance.PeerFailure` says so (``uneven``)
+where it cannot, rather than letting the survivors' group hang later.
 """
 
 from __future__ import annotations
@@ -107,10 +108,6 @@ class StopPoints:
         """Whether every rank has announced its stop or is known dead."""
         self.poll()
         return len(self.stops) + len(self.dead) >= self.size
-
-    def uneven(self) -> dict[int, int]:
-        """Every announced stop, where they differ (survivors that completed different operations); else {}."""
-        return dict(sorted(self.stops.items())) if len(set(self.stops.values())) > 1 else {}
 
     def close(self) -> None:
         """Cancel the receives no stop matched; free the communicator if no rank announced (local)."""

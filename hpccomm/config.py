@@ -154,6 +154,13 @@ class Config:
             result's memory; larger results are held by reference instead,
             usable while unchanged (their version counter, and no later
             operation posted on the same memory).
+        store: ``HPCCOMM_STORE``: the job's store, where MASTER_ADDR and
+            MASTER_PORT are not set (:mod:`hpccomm.rendezvous`): ``auto``
+            (served over MPI by a thread of rank 0, :mod:`hpccomm.store`,
+            where MPI provides ``MPI_THREAD_MULTIPLE``; else a file on one
+            node, a TCPStore across nodes), ``mpi``, ``file`` (one node only)
+            or ``tcp`` (torch's TCPStore on rank 0, on a port the kernel
+            picks: it listens on every interface).
     """
 
     debug: bool
@@ -169,6 +176,7 @@ class Config:
     ucc_in_place: str
     ft: bool
     ft_keep_bytes: int
+    store: str
 
 
 def _read() -> Config:
@@ -191,6 +199,7 @@ def _read() -> Config:
         ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),
         ft_keep_bytes=_size("HPCCOMM_FT_KEEP_BYTES", 64 << 10),
+        store=_choice("HPCCOMM_STORE", ("auto", "mpi", "file", "tcp")),
     )
 
 

@@ -7,9 +7,12 @@ launcher all of that is already known, so hpccomm wraps the ``env://`` handler:
 * If the user set MASTER_ADDR and MASTER_PORT, torch's own handler runs (the
   user's choice is honoured), with RANK and WORLD_SIZE taken from MPI.
 * Otherwise rank and world size come from MPI and the store is private to the
-  job: on one node a :class:`~torch.distributed.FileStore` on a fresh 0600
-  file (nothing listens on the network at all); across nodes a TCPStore on
-  rank 0 with a port the kernel picks, so two jobs never collide.
+  job and found without a host name: served over MPI by a thread of rank 0
+  (:class:`hpccomm.store.MPIStore`), so nothing listens on the network and no
+  node's name has to resolve. Where MPI lacks ``MPI_THREAD_MULTIPLE`` (or
+  ``HPCCOMM_STORE`` says so) it is a :class:`~torch.distributed.FileStore` on
+  a fresh 0600 file on one node, and a TCPStore on rank 0, on a port the
+  kernel picks, across nodes.
 
 The store lives as long as the process group that holds it. hpccomm's own
 collectives never use it; it serves torch and any other backend (such as
@@ -29,6 +32,8 @@ import torch.distributed as dist
 from torch.distributed.rendezvous import _rendezvous_handlers
 
 from . import world
+from .config import settings
+from .store import MPIStore
 
 _installed = False
 
@@ -85,8 +90,11 @@ def _mpi_rendezvous(ident: world.Identity, timeout: timedelta):
 
 
 def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
+    kind = store_kind(ident)
+    if kind == "mpi":
+        return MPIStore(timeout)
     comm = world.mpi().COMM_WORLD
-    if ident.single_node:
+    if kind == "file":
         path = _private_file() if ident.rank == 0 else None
         # FileStore reopens its file on every operation, its destructor
         # included, and deletes it with the last user; so the file must stay
@@ -104,6 +112,27 @@ def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
     if server is not None:
         return server
     return dist.TCPStore(host, port, ident.world_size, False, timeout=timeout)
+
+
+def store_kind(ident: world.Identity) -> str:
+    """Which store the rendezvous makes: ``mpi``, ``file`` or ``tcp`` (``HPCCOMM_STORE``, else by the job).
+
+    Raises:
+        ValueError: the setting asks for what this job cannot have.
+    """
+    kind = settings.store
+    if kind == "auto":
+        if world.has_thread_multiple():
+            return "mpi"
+        return "file" if ident.single_node else "tcp"
+    if kind == "mpi" and not world.has_thread_multiple():
+        raise ValueError(
+            "hpccomm: HPCCOMM_STORE=mpi needs MPI_THREAD_MULTIPLE, which this MPI does not provide; "
+            "use HPCCOMM_STORE=tcp (or file, on one node)"
+        )
+    if kind == "file" and not ident.single_node:
+        raise ValueError(f"hpccomm: HPCCOMM_STORE=file works on one node; this job spans {ident.num_nodes}")
+    return kind
 
 
 def _private_file() -> str:

@@ -55,6 +55,7 @@ def run_on_nodes(
     limit_s: float = DEFAULT_LIMIT_S,
     launcher_options: Sequence[str] = (),
     stacks_on_timeout: bool = False,
+    own_name_only: bool = False,
 ) -> NodesRun:
     """Run ``tests/ranks/<script>`` with ``per_node[i]`` ranks on fake node ``n<i+1>``.
 
@@ -68,12 +69,16 @@ def run_on_nodes(
         limit_s: wall-clock limit; past it the run is killed and timed_out set.
         launcher_options: more options for the launcher (e.g. ``--with-ft ulfm``).
         stacks_on_timeout: see :func:`launch.run_launcher`.
+        own_name_only: each node's /etc/hosts names that node alone, on
+            127.0.1.1 (as Debian's installer writes it): no node can resolve
+            another's name (a TCPStore found by its host name cannot start).
     """
     require_namespaces()
     hosts = [f"n{i + 1}" for i in range(len(per_node))]
     with tempfile.TemporaryDirectory(prefix="hpccomm-nodes-") as state:
-        hosts_file = _hosts_file(hosts, state)
-        holders = [_start_node(host, state, hosts_file) for host in hosts]
+        holders = [_start_node(host, state, _hosts_file([host] if own_name_only else hosts, state, host,
+                                                         "127.0.1.1" if own_name_only else "127.0.0.1"))
+                   for host in hosts]
         try:
             launcher = _launcher(hosts, per_node, round_robin) + list(launcher_options)
             run_env = {**openmpi_env(), **(env or {}), "HPCCOMM_TEST_NODES": state}
@@ -87,11 +92,11 @@ def run_on_nodes(
     return NodesRun(run.returncode, run.output, run.timed_out, ranks_ended_at=run.ranks_ended_at, leftovers=leftovers)
 
 
-def _hosts_file(hosts: list[str], state: str) -> str:
-    """This machine's /etc/hosts plus every fake node's name on loopback (torch's store connects by name)."""
-    path = os.path.join(state, "hosts")
+def _hosts_file(names: list[str], state: str, host: str, address: str) -> str:
+    """``host``'s /etc/hosts: this machine's, plus ``names`` on ``address`` (a loopback one)."""
+    path = os.path.join(state, f"hosts-{host}")
     with open("/etc/hosts") as original, open(path, "w") as hosts_file:
-        hosts_file.write(original.read().rstrip("\n") + f"\n127.0.0.1 {' '.join(hosts)}\n")
+        hosts_file.write(original.read().rstrip("\n") + f"\n{address} {' '.join(names)}\n")
     return path
 
 

@@ -14,7 +14,9 @@ from a death mid-backward. A training loop that redoes its failed step
 path and load) must end with every step run once and exact values: issue 32's
 hang (survivors that redid different steps), an operation completed on some
 survivors only (completed on the others from a kept result), a death inside
-``dist.shrink_group`` (a second shrink), a death in DDP's backward.
+``dist.shrink_group`` (a second shrink), a death in DDP's backward. A dead
+rank 0, which serves the job's store, makes the next store operation fail at
+once, naming it.
 Elsewhere ``hpccomm-run --ft`` and
 ``HPCCOMM_FT=1`` must refuse, naming what is missing: each environment
 asserts what it should do.
@@ -67,6 +69,18 @@ def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims,
     run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
     if not refused(run):
         check_survivors(run, range(nprocs), victims, path)
+
+
+def test_a_dead_rank_0_is_a_clear_error_at_the_next_store_operation():
+    # rank 0 serves the job's store (hpccomm/store.py); once it is dead a store operation must fail at once,
+    # naming it, not wait for the store's timeout (30 min).
+    run = run_ranks(3, "store.py", "rank0-dies", launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
+    if refused(run):
+        return
+    errors = run.lines("STORE-ERROR")
+    assert len(errors) == 2 and len(run.lines("OK rank=")) == 2, run.output[-4000:]
+    for line in errors:
+        assert float(re.search(r"after=([0-9.]+)", line)[1]) < DETECTED_WITHIN_S, line
 
 
 @pytest.mark.parametrize("when, victims", [("between", "3"), ("mid-async", "2")])

@@ -57,3 +57,33 @@ def expect_error(kind: type[BaseException], fragment: str, fn: Callable[[], obje
         assert fragment in str(exc), f"{kind.__name__} without {fragment!r}: {exc}"
         return exc
     raise AssertionError(f"expected {kind.__name__} containing {fragment!r}, nothing raised")
+
+
+def listening_socket_inodes() -> set[str]:
+    """Inodes of TCP sockets in LISTEN state that this process holds open."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            mine.add(target[8:-1])
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    listening.add(fields[9])
+    return mine & listening
+
+
+def default_store() -> "dist.Store":
+    """The store under the default group's PrefixStores."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store

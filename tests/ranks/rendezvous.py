@@ -1,7 +1,7 @@
 """Rendezvous and identity; usage: rendezvous.py <mode>.
 
 Modes:
-    private-store: no MASTER_ADDR: a FileStore, and the rendezvous opens no listening socket.
+    private-store: no MASTER_ADDR: the store served over MPI; the rendezvous opens no listening socket.
     master-addr: MASTER_ADDR/MASTER_PORT set by the user: torch's TCPStore.
     wrong-rank / wrong-world-size: a user value that disagrees with MPI.
     singleton: run without a launcher: a world of one.
@@ -16,37 +16,12 @@ import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from rankcheck import say
+
+from hpccomm.store import MPIStore
+from rankcheck import default_store, listening_socket_inodes, say
 
 mode = sys.argv[1]
 rank, size = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
-
-
-def listening_socket_inodes() -> set[str]:
-    """Inodes of TCP sockets in LISTEN state that this process holds open."""
-    mine = set()
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            mine.add(target[8:-1])
-    listening = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in f.readlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A":  # LISTEN
-                    listening.add(fields[9])
-    return mine & listening
-
-
-def default_store() -> dist.Store:
-    store = dist.distributed_c10d._get_default_store()
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    return store
 
 
 if mode in ("wrong-rank", "wrong-world-size"):
@@ -69,9 +44,9 @@ dist.all_reduce(t)
 assert t.item() == size
 store = default_store()
 if mode == "private-store":
-    assert isinstance(store, dist.FileStore), type(store)
+    assert isinstance(store, MPIStore), type(store)
     opened = listening_socket_inodes() - listening_before
-    assert not opened, "the rendezvous opened a listening TCP socket on a single-node job"
+    assert not opened, "the rendezvous opened a listening TCP socket"
 elif mode == "master-addr":
     assert isinstance(store, dist.TCPStore), type(store)
     assert store.port == int(os.environ["MASTER_PORT"])

@@ -1,0 +1,457 @@
+"""The job's store, served over MPI: no listening socket, no host name.
+
+torch keeps a key-value :class:`~torch.distributed.Store` beside every process
+group: group creation, gloo's and NCCL's rendezvous, ``monitored_barrier``,
+DeviceMesh and DCP read and write keys there. torch's own ``TCPStore`` listens
+on a port of rank 0's node and is found by host name. Under MPI the ranks
+already share a channel that needs neither: :class:`MPIStore` sends each store
+operation to ``MPI_COMM_WORLD`` rank 0 on a communicator of its own (a
+duplicate of ``MPI_COMM_WORLD`` made once, at the first rendezvous), where a
+thread of rank 0's process answers it, so no rank waits on rank 0's Python
+code; rank 0's own operations are served in the calling thread.
+
+Operations and their answers are pickled Python tuples. Every operation gets
+exactly one answer: an operation that waits for keys (``get``, ``wait``,
+``multi_get``) is parked by the server until its keys are set or its timeout
+(the store's, or ``wait``'s own) passes, and the server itself answers the
+timeout. A client that hears nothing ``_SERVER_GRACE_S`` past its timeout, or
+whose MPI reports rank 0 failed (fault-tolerant mode, ULFM), raises
+:class:`~torch.distributed.DistStoreError` naming the operation, never
+waits on. Each rendezvous (``init_process_group`` after a destroy) gets a
+table of its own, so keys of an earlier group never leak into a new one.
+
+The server needs ``MPI_THREAD_MULTIPLE``. At exit, rank 0 serves on until
+every other rank has said goodbye (its own exit step), has failed, or
+:data:`GOODBYE_WAIT_S` has passed, then stops its thread before MPI is
+finalised.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from . import world
+
+#: Tag of operations sent to the server; answers come back on a tag per operation, above it.
+_OPERATION = 0
+#: The server looks for operations back to back (yielding the GIL) for _SPIN_S after the last one, then
+#: every _BUSY_NAP_S within _BUSY_S of it, then every _IDLE_NAP_S; a client waiting on an answer spins for
+#: _SPIN_S too, then naps _BUSY_NAP_S between looks.
+_SPIN_S = 0.002
+_BUSY_NAP_S = 0.0002
+_BUSY_S = 1.0
+_IDLE_NAP_S = 0.002
+#: How long past an operation's timeout a client waits for the server's own timeout answer.
+_SERVER_GRACE_S = 10.0
+#: How long rank 0 serves at exit for ranks that have not said goodbye.
+GOODBYE_WAIT_S = 30.0
+#: Operations that wait for their keys, and where their keys are among the arguments.
+_WAITING = {"get": lambda args: [args[0]], "wait": lambda args: args[0], "multi_get": lambda args: args[0]}
+
+Answer = Callable[[tuple], None]
+
+
+def _as_bytes(value: Any) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class _Tables:
+    """The keys of every rendezvous, and the operations parked until theirs are set (rank 0)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tables: dict[int, dict[str, bytes]] = {}
+        #: (deadline, generation, op, args, answer) of operations waiting for keys.
+        self._parked: list[tuple[float, int, str, tuple, Answer]] = []
+
+    def serve(self, generation: int, op: str, args: tuple, timeout_s: float, answer: Answer) -> None:
+        """Carry out ``op`` and ``answer`` it, now or once its keys are set."""
+        with self._lock:
+            table = self._tables.setdefault(generation, {})
+            if op in _WAITING:
+                if all(key in table for key in _WAITING[op](args)):
+                    answer(("ok", _read(table, op, args)))
+                else:
+                    self._parked.append((time.monotonic() + timeout_s, generation, op, args, answer))
+                return
+            try:
+                result = _write(table, op, args)
+            except (KeyError, ValueError) as error:
+                answer(("error", str(error)))
+                return
+            answer(("ok", result))
+            if self._parked:
+                self._release(generation, table)
+
+    def _release(self, generation: int, table: dict[str, bytes]) -> None:
+        waiting = []
+        for parked in self._parked:
+            _deadline, parked_generation, op, args, answer = parked
+            if parked_generation == generation and all(key in table for key in _WAITING[op](args)):
+                answer(("ok", _read(table, op, args)))
+            else:
+                waiting.append(parked)
+        self._parked = waiting
+
+    def expire(self, now: float) -> None:
+        """Answer parked operations whose timeout has passed."""
+        with self._lock:
+            if not any(deadline <= now for deadline, *_ in self._parked):
+                return
+            waiting = []
+            for parked in self._parked:
+                deadline, generation, op, args, answer = parked
+                if deadline <= now:
+                    table = self._tables.get(generation, {})
+                    answer(("timeout", [key for key in _WAITING[op](args) if key not in table]))
+                else:
+                    waiting.append(parked)
+            self._parked = waiting
+
+    def close(self) -> None:
+        """Answer every parked operation: the server is going away."""
+        with self._lock:
+            for _deadline, _generation, _op, _args, answer in self._parked:
+                answer(("closed", None))
+            self._parked = []
+
+
+def _read(table: dict[str, bytes], op: str, args: tuple) -> Any:
+    if op == "get":
+        return table[args[0]]
+    if op == "multi_get":
+        return [table[key] for key in args[0]]
+    return None  # wait
+
+
+def _write(table: dict[str, bytes], op: str, args: tuple) -> Any:
+    if op == "set":
+        table[args[0]] = args[1]
+        return None
+    if op == "multi_set":
+        table.update(zip(args[0], args[1]))
+        return None
+    if op == "add":
+        key, amount = args
+        try:
+            value = int(table.get(key, b"0")) + amount
+        except ValueError:
+            raise ValueError(f"add: the value of key {key!r} is not an integer") from None
+        table[key] = str(value).encode()
+        return value
+    if op == "compare_set":
+        # As TCPStore: a missing key is set only when ``expected`` is empty; the answer is the value now held
+        # (``expected`` for a missing key that was not set).
+        key, expected, desired = args
+        if key not in table:
+            if expected:
+                return expected
+            table[key] = desired
+        elif table[key] == expected:
+            table[key] = desired
+        return table[key]
+    if op == "append":
+        table[args[0]] = table.get(args[0], b"") + args[1]
+        return None
+    if op == "check":
+        return all(key in table for key in args[0])
+    if op == "delete":
+        return table.pop(args[0], None) is not None
+    if op == "num_keys":
+        return len(table)
+    raise ValueError(f"unknown store operation {op!r}")
+
+
+class _Server:
+    """Rank 0's thread: receives operations on ``comm`` and answers them."""
+
+    def __init__(self, comm: Any, tables: _Tables) -> None:
+        self._comm = comm
+        self._tables = tables
+        # Answers are posted by the thread that completes an operation (a rank 0 thread's set may release a
+        # parked get): appended here from any thread, tested by the server's thread alone.
+        self._posted: collections.deque[Any] = collections.deque()
+        self._goodbyes: set[int] = set()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="hpccomm-store", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._serve_until_stopped()
+        except Exception as error:  # never silently: clients would wait for their timeouts
+            print(f"hpccomm: the store's server on rank 0 stopped: {error!r}", file=sys.stderr, flush=True)
+        finally:
+            self._tables.close()
+            self._flush(deadline=time.monotonic() + 1.0)
+
+    def _serve_until_stopped(self) -> None:
+        MPI = world.mpi()
+        status = MPI.Status()
+        last = time.monotonic()
+        give_up = None
+        while True:
+            try:
+                message = self._comm.improbe(MPI.ANY_SOURCE, _OPERATION, status)
+            except MPI.Exception:
+                # ULFM: a rank failed; receiving from any source goes on once the failure is acknowledged.
+                self._comm.Ack_failed()
+                continue
+            now = time.monotonic()
+            if message is not None:
+                self._serve(status.Get_source(), message.recv())
+                last = now
+                continue
+            self._tables.expire(now)
+            self._flush()
+            if self._stopping.is_set():
+                give_up = give_up or now + GOODBYE_WAIT_S
+                if now > give_up or self._everyone_left():
+                    return
+            quiet = now - last
+            time.sleep(0 if quiet < _SPIN_S else _BUSY_NAP_S if quiet < _BUSY_S else _IDLE_NAP_S)
+
+    def _flush(self, deadline: float | None = None) -> None:
+        """Complete posted answers (all of them, or until ``deadline``, when one is given)."""
+        while True:
+            pending = [self._posted.popleft() for _ in range(len(self._posted))]
+            self._posted.extend(send for send in pending if not _done(send))
+            if deadline is None or not self._posted or time.monotonic() > deadline:
+                return
+            time.sleep(_BUSY_NAP_S)
+
+    def _serve(self, source: int, message: tuple) -> None:
+        tag, generation, op, args, timeout_s = message
+        if op == "goodbye":
+            self._goodbyes.add(source)
+            return
+
+        def answer(reply: tuple) -> None:
+            self._posted.append(self._comm.isend(reply, dest=source, tag=tag))
+
+        self._tables.serve(generation, op, args, timeout_s, answer)
+
+    def _everyone_left(self) -> bool:
+        failed = _failed_ranks(self._comm)
+        return all(rank in self._goodbyes or rank in failed for rank in range(1, self._comm.size))
+
+    def stop(self) -> None:
+        """Serve until every other rank has said goodbye (or failed, or GOODBYE_WAIT_S passed), then stop."""
+        self._stopping.set()
+        self._thread.join()
+
+
+def _done(send: Any) -> bool:
+    try:
+        return send.Test()
+    except world.mpi().Exception:  # its rank failed (ULFM): nobody is left to receive it
+        return True
+
+
+def _failed_ranks(comm: Any) -> set[int]:
+    """The ranks of ``comm`` that ULFM reports failed; none where the MPI has no ULFM."""
+    MPI = world.mpi()
+    try:
+        failed = comm.Get_failed()
+    except (MPI.Exception, NotImplementedError):
+        return set()
+    try:
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.size)), comm.Get_group())
+    finally:
+        failed.Free()
+    return {rank for rank in ranks if rank != MPI.UNDEFINED}
+
+
+class _Channel:
+    """This process's way to the server: the store's communicator, and rank 0's tables and thread."""
+
+    def __init__(self) -> None:
+        MPI = world.mpi()
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.comm.Set_name("hpccomm-store")
+        self.rank = self.comm.rank
+        self._tags = itertools.count()
+        self._tag_ub = min(int(self.comm.Get_attr(MPI.TAG_UB)), 1 << 30)
+        self.tables = _Tables() if self.rank == 0 else None
+        self._server = _Server(self.comm, self.tables) if self.tables is not None else None
+        self.generations = itertools.count()
+        # torch keeps a store only as the C++ object under its PrefixStore; pybind11 finds the methods
+        # below through the Python object, which must therefore outlive it: it lives as long as the process.
+        self.stores: list[MPIStore] = []
+        atexit.register(self.close)
+
+    def call(self, generation: int, op: str, args: tuple, timeout_s: float) -> Any:
+        """Carry out ``op`` on the server and return its result; raises DistStoreError."""
+        if self.tables is not None:
+            reply = self._local(generation, op, args, timeout_s)
+        else:
+            reply = self._remote(generation, op, args, timeout_s)
+        kind, value = reply
+        if kind == "ok":
+            return value
+        if kind == "timeout":
+            raise dist.DistStoreError(
+                f"hpccomm: store {op} timed out after {timeout_s * 1000:.0f} ms waiting for key(s) {value}"
+            )
+        if kind == "closed":
+            raise dist.DistStoreError(
+                f"hpccomm: store {op}: the job's store has shut down (rank 0, which serves it, is exiting)"
+            )
+        raise dist.DistStoreError(f"hpccomm: store {value}")
+
+    def _local(self, generation: int, op: str, args: tuple, timeout_s: float) -> tuple:
+        answered = threading.Event()
+        replies: list[tuple] = []
+
+        def answer(reply: tuple) -> None:
+            replies.append(reply)
+            answered.set()
+
+        self.tables.serve(generation, op, args, timeout_s, answer)
+        if not answered.wait(timeout_s + _SERVER_GRACE_S):
+            return ("timeout", _WAITING[op](args))
+        return replies[0]
+
+    def _remote(self, generation: int, op: str, args: tuple, timeout_s: float) -> tuple:
+        MPI = world.mpi()
+        tag = _OPERATION + 1 + next(self._tags) % (self._tag_ub - 1)
+        give_up = time.monotonic() + timeout_s + _SERVER_GRACE_S
+        spin_until = time.monotonic() + _SPIN_S
+        try:
+            self.comm.send((tag, generation, op, args, timeout_s), dest=0, tag=_OPERATION)
+            while True:
+                message = self.comm.improbe(0, tag)
+                if message is not None:
+                    return message.recv()
+                now = time.monotonic()
+                if now > give_up:
+                    raise dist.DistStoreError(
+                        f"hpccomm: store {op}: rank 0, which serves the job's store, did not answer in "
+                        f"{timeout_s + _SERVER_GRACE_S:.0f} s"
+                    )
+                time.sleep(_BUSY_NAP_S if now > spin_until else 0)
+        except MPI.Exception as error:
+            raise dist.DistStoreError(
+                f"hpccomm: store {op}: the job's store ran in MPI_COMM_WORLD rank 0, which has failed "
+                f"({error.Get_error_string()}); store operations (new groups, gloo, barriers) are no longer "
+                "possible in this job"
+            ) from None
+
+    def close(self) -> None:
+        """At exit: say goodbye to the server, or (rank 0) serve until the others have."""
+        if self._server is not None:
+            self._server.stop()
+            return
+        try:
+            self.comm.send((0, 0, "goodbye", (), 0.0), dest=0, tag=_OPERATION)
+        except world.mpi().Exception:
+            pass  # rank 0 failed: there is nobody to tell
+
+
+_channel: _Channel | None = None
+_channel_lock = threading.Lock()
+
+
+def _get_channel() -> _Channel:
+    global _channel
+    with _channel_lock:
+        if _channel is None:
+            _channel = _Channel()
+        return _channel
+
+
+class MPIStore(dist.Store):
+    """A :class:`torch.distributed.Store` whose keys rank 0 keeps and serves over MPI.
+
+    Collective: every rank of ``MPI_COMM_WORLD`` creates one, in the same order
+    (hpccomm's rendezvous does, once per ``init_process_group``). Needs
+    ``MPI_THREAD_MULTIPLE``.
+
+    Args:
+        timeout: how long operations that wait for keys wait (``set_timeout``
+            changes it, as on any store).
+    """
+
+    def __init__(self, timeout: timedelta = dist.default_pg_timeout) -> None:
+        super().__init__()
+        channel = _get_channel()
+        self._channel = channel
+        self._generation = next(channel.generations)
+        channel.stores.append(self)
+        self.set_timeout(timeout)
+
+    def _call(self, op: str, args: tuple, timeout: timedelta | None = None) -> Any:
+        timeout_s = (self.timeout if timeout is None else timeout).total_seconds()
+        return self._channel.call(self._generation, op, args, timeout_s)
+
+    def set(self, key: str, value: bytes | str) -> None:
+        """Set ``key`` to ``value``, waking whoever waits for it."""
+        self._call("set", (key, _as_bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        """The value of ``key``, waiting up to the store's timeout for it to be set."""
+        return self._call("get", (key,))
+
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the integer at ``key`` (0 if unset) and return the sum."""
+        return self._call("add", (key, int(amount)))
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (or is unset and ``expected`` is empty).
+
+        Returns:
+            the value ``key`` holds afterwards (``expected`` if it is unset and was not set).
+        """
+        return self._call("compare_set", (key, _as_bytes(expected), _as_bytes(desired)))
+
+    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+        """Wait until every key of ``keys`` is set, up to ``timeout`` (default: the store's)."""
+        self._call("wait", (list(keys),), timeout)
+
+    def check(self, keys: Sequence[str]) -> bool:
+        """Whether every key of ``keys`` is set, without waiting."""
+        return self._call("check", (list(keys),))
+
+    def deleteKey(self, key: str) -> bool:  # noqa: N802: the name torch's C++ Store calls
+        """Delete ``key``; True if it was set."""
+        return self._call("delete", (key,))
+
+    delete_key = deleteKey
+
+    def getNumKeys(self) -> int:  # noqa: N802: the name torch's C++ Store calls
+        """How many keys this rendezvous's table holds."""
+        return self._call("num_keys", ())
+
+    num_keys = getNumKeys
+
+    def multi_get(self, keys: Sequence[str]) -> list[bytes]:
+        """The values of ``keys``, waiting up to the store's timeout for all of them."""
+        return self._call("multi_get", (list(keys),))
+
+    def multi_set(self, keys: Sequence[str], values: Sequence[bytes | str]) -> None:
+        """Set each key of ``keys`` to the value at the same place in ``values``."""
+        if len(keys) != len(values):
+            raise ValueError(f"hpccomm: store multi_set: {len(keys)} keys but {len(values)} values")
+        self._call("multi_set", (list(keys), [_as_bytes(value) for value in values]))
+
+    def append(self, key: str, value: bytes | str) -> None:
+        """Append ``value`` to the bytes at ``key`` (set it if unset)."""
+        self._call("append", (key, _as_bytes(value)))
+
+    def has_extended_api(self) -> bool:
+        """Whether append, multi_get and multi_set are served (they are)."""
+        return True
+
+    def clone(self) -> "MPIStore":
+        """This store: it is safe to use from several threads at once, so one object serves them all."""
+        return self

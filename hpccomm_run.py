@@ -13,6 +13,10 @@ one that does not apply to it is never set:
   stays in the caller's order.
 * MPICH: its hydra ``mpiexec`` neither pins ranks nor refuses more ranks
   than cores; it and its derivatives (Intel MPI, MVAPICH) get nothing.
+  Intel MPI's hydra pins each rank to its share of the node's cores
+  (``I_MPI_PIN``, on by default), which is left as it is: with 2 ranks on
+  2 cores here (shared with other work), pinned was faster in every run, a
+  4 MiB all-reduce 0.22-0.34 ms against 0.54-3.0 ms with ``I_MPI_PIN=0``.
 
 A bare ``python``/``python3`` at the head of the command becomes the
 interpreter running hpccomm-run, so the ranks run in this environment
@@ -22,7 +26,8 @@ Inside a Slurm allocation (``SLURM_JOB_ID`` set) it runs ``srun`` instead,
 with ``--mpi=pmix`` for Open MPI and ``--mpi=pmi2`` for MPICH
 (``HPCCOMM_SRUN_MPI`` overrides). The launcher replaces this process, so
 signals and the exit status are the launcher's own. ``--dry-run`` prints the
-settings, each with its reason, and the command. ``--ft`` starts the job in
+MPI library, the launcher and the MPI it belongs to, the settings, each with
+its reason, and the command. ``--ft`` starts the job in
 hpccomm's fault-tolerant mode (Open MPI 5's ``--with-ft ulfm`` and
 ``HPCCOMM_FT=1``; see ``hpccomm.fault_tolerance``) and refuses where that
 cannot work.
@@ -357,6 +362,8 @@ class Launch:
 
     Attributes:
         command: the launcher's command line.
+        launcher: the launcher and the MPI it belongs to, e.g.
+            "/usr/bin/mpiexec.mpich (MPICH's hydra 4.0.2)", or "srun".
         settings: environment variables set for it (missing ones only).
         kept: settings hpccomm-run would make that the environment already has.
         reasons: why each launcher option or command rewrite is there.
@@ -364,6 +371,7 @@ class Launch:
     """
 
     command: list[str]
+    launcher: str = ""
     settings: list[Setting] = field(default_factory=list)
     kept: list[Setting] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
@@ -435,8 +443,10 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: b
         launch.reasons.insert(0, f"srun --mpi={plugin}: inside a Slurm allocation; {library.name} "
                                  f"speaks {'PMIx' if plugin == 'pmix' else 'PMI-2'}")
         launch.command = ["srun", f"--ntasks={nprocs}", f"--mpi={plugin}", *program]
+        launch.launcher = "srun"
     else:
         launcher, launch.warnings = find_launcher(library)
+        launch.launcher = launcher.name
         wanted += single_node_defaults(library)
         options = []
         if launcher.family == "openmpi":
@@ -474,6 +484,8 @@ def describe(launch: Launch, env: MutableMapping[str, str]) -> str:
     """``--dry-run``'s text: shell lines, each setting with its reason, the command last."""
     library = mpi_library()
     lines = [f"# MPI library (mpi4py): {library.name}, {library.path or 'path unknown'}"]
+    if launch.launcher:
+        lines.append(f"# launcher: {launch.launcher}")
     lines += [f"export {s.name}={shlex.quote(s.value)}  # {s.reason}" for s in launch.settings]
     lines += [f"# {s.name}={env.get(s.name)!r} kept from the environment "
               f"(hpccomm-run would set {s.value}: {s.reason})" for s in launch.kept]

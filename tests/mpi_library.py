@@ -38,9 +38,15 @@ def family() -> str:
     raise AssertionError(f"unknown MPI library in {sys.prefix}: {text[:200]!r}")
 
 
+def is_intel() -> bool:
+    """Whether the library is Intel MPI (of the 'mpich' family here: its launcher is a build of MPICH's hydra)."""
+    return "Intel(R) MPI" in library_version()
+
+
 def release() -> str:
-    """The library's version, e.g. '4.1.4'."""
-    match = re.search(r"(?:Open MPI v|Version:?\s*)(\d+\.\d+(?:\.\d+)?)", library_version())
+    """The library's version, e.g. '4.1.4' ('2021.18.1' for Intel MPI)."""
+    pattern = r"(?:Open MPI v|Version:?\s*|Intel\(R\) MPI Library )(\d+\.\d+(?:\.\d+)?)"
+    match = re.search(pattern, library_version())
     assert match, library_version()
     return match.group(1)
 

@@ -35,6 +35,7 @@ def test_info_without_a_launcher():
         assert "no route for CUDA tensors" in out, out
     assert "started by none (a world of one)" in out
     assert "hpccomm-run    -n 2 python train.py  ->" in out
+    assert "               launcher: " in out, out
     assert "1 rank(s) on 1 node(s)" in out
     assert "HPCCOMM_SHM_MIN_BYTES      12345      (environment)" in out, out
     assert "HPCCOMM_PROGRESS_THREAD    True       (default)" in out, out
@@ -58,4 +59,22 @@ def test_info_under_a_launcher_shows_every_rank_per_node():
     for rank in range(3):
         assert f"| {rank} | {rank}/3 |" in out, out
     launcher = "Open MPI mpirun" if mpi_library.family() == "openmpi" else "MPICH hydra"
+    if mpi_library.is_intel():
+        launcher = "Intel MPI hydra"
     assert f"started by {launcher}" in out, out
+
+
+def test_the_launcher_in_use_is_told_by_the_variables_it_sets(monkeypatch):
+    """Pure logic, on every MPI: each launcher by the variables its ranks see (Intel MPI 2021.18.1's
+    hydra sets MPICH's PMI_RANK/PMI_SIZE and, of its own, I_MPI_HYDRA_UUID)."""
+    from hpccomm.cli import environment
+
+    for name in ("OMPI_COMM_WORLD_SIZE", "I_MPI_HYDRA_UUID", "HYDI_CONTROL_FD", "PMI_RANK", "PMI_SIZE",
+                 "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_JOB_ID", "PMIX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert environment.launcher_in_use() == "none (a world of one)"
+    monkeypatch.setenv("PMI_RANK", "0")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    assert environment.launcher_in_use() == "MPICH hydra mpiexec"
+    monkeypatch.setenv("I_MPI_HYDRA_UUID", "d6130000-2666-a5b5-3a61-06001f628866")
+    assert environment.launcher_in_use() == "Intel MPI hydra mpiexec"

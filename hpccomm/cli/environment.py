@@ -206,6 +206,9 @@ def launcher_in_use() -> str:
     env = os.environ
     if "OMPI_COMM_WORLD_SIZE" in env:
         return "Open MPI mpirun/prterun"
+    # Intel MPI's mpiexec is a build of MPICH's hydra; it alone sets this (checked: 2021.18.1).
+    if "I_MPI_HYDRA_UUID" in env and "PMI_RANK" in env:
+        return "Intel MPI hydra mpiexec"
     if "HYDI_CONTROL_FD" in env or ("PMI_RANK" in env and "PMI_SIZE" in env and "SLURM_STEP_ID" not in env):
         return "MPICH hydra mpiexec"
     if "SLURM_STEP_ID" in env and "SLURM_PROCID" in env:
@@ -222,9 +225,10 @@ def launch_command(nprocs: int = 2) -> dict[str, Any]:
     try:
         launch = hpccomm_run.build_launch(nprocs, ["python", "train.py"], dict(os.environ))
     except SystemExit as exc:  # no mpiexec found
-        return {"command": None, "detail": str(exc), "adds": {}, "warnings": []}
+        return {"command": None, "launcher": None, "detail": str(exc), "adds": {}, "warnings": []}
     return {
         "command": shlex.join(launch.command),
+        "launcher": launch.launcher,
         "detail": "",
         "adds": {setting.name: setting.value for setting in launch.settings},
         "warnings": launch.warnings,

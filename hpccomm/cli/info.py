@@ -91,6 +91,7 @@ def launcher_section(_ranks: list[dict[str, Any]]) -> list[str]:
         lines.append(f"hpccomm-run    unusable: {launch['detail']}")
     else:
         lines.append(f"hpccomm-run    -n 2 python train.py  ->  {launch['command']}")
+        lines.append(f"               launcher: {launch['launcher']}")
         for key, value in sorted(launch["adds"].items()):
             lines.append(f"               with {key}={value}")
     lines += [f"               {warning}" for warning in launch["warnings"]]

@@ -7,8 +7,9 @@ Modes:
         re-init (a new table each time), a group after init.
     sockets: init, a collective and store operations; prints the TCP sockets this rank listens on.
     plain: the same count in a job of mpi4py alone (the baseline: MPI's own transports).
-    rank0-dies: fault-tolerant mode; rank 0 SIGKILLs itself after init; the others' next
-        store operation raises DistStoreError naming rank 0, well before the store's timeout.
+    rank0-dies: fault-tolerant mode; rank 0 SIGKILLs itself after init; the others shrink,
+        run a collective and a new group, then their next store operation raises DistStoreError
+        naming rank 0, well before the store's timeout.
 """
 
 from __future__ import annotations
@@ -166,6 +167,14 @@ def main() -> None:
             dist.all_reduce(t)
         except hpccomm.PeerFailure as failure:
             assert failure.failed_ranks == [0], failure.failed_ranks
+        # The survivors go on without the store: shrink_group, collectives and new groups use none.
+        dist.shrink_group([0])
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == size - 1, t
+        pair = dist.new_group([0, 1])
+        dist.all_reduce(t, group=pair)
+        assert t.item() == 2 * (size - 1), t
         started = time.monotonic()
         try:
             store.get("never set")

@@ -2,7 +2,9 @@
 
 Every operation is checked against what torch's TCPStore answers, from Python
 and through torch's C++ PrefixStore (as gloo and group creation call it), with
-timeouts and many threads at once; then what uses the store: gloo groups
+timeouts and many threads at once, then 200 rounds of the server's races
+(gets parked before their set, adds from 3 threads on every rank); then what
+uses the store: gloo groups
 beside hpccomm, ``monitored_barrier``, destroy and re-init. Across two fake
 nodes (tests/nodes.py) whose host names resolve only on their own node (to
 127.0.1.1, as Debian writes it), a job starts and ends, and each rank holds no

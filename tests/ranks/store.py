@@ -2,7 +2,8 @@
 
 Modes:
     operations: every store operation, called from Python and through torch's C++ PrefixStore,
-        as TCPStore answers it; timeouts; many threads at once; a 4 MiB value.
+        as TCPStore answers it; timeouts; many threads at once; a 4 MiB value; then 200 rounds
+        of sets, waits, gets parked before their set and adds from 3 threads on every rank.
     users: what uses the store: gloo groups beside hpccomm, monitored_barrier, destroy and
         re-init (a new table each time), a group after init.
     sockets: init, a collective and store operations; prints the TCP sockets this rank listens on.
@@ -115,6 +116,28 @@ def operations(rank: int, size: int) -> None:
     assert store.clone() is store
 
 
+def rounds(rank: int, size: int, count: int = 200) -> None:
+    """The server's races, looped: parked gets released by another rank's set, adds from threads."""
+    store = default_store()
+    store.set_timeout(timedelta(seconds=60))
+    for i in range(count):
+        store.set(f"r{i}/{rank}", str(i * size + rank))
+        store.wait([f"r{i}/{r}" for r in range(size)])
+        got = store.multi_get([f"r{i}/{r}" for r in range(size)])
+        assert got == [str(i * size + r).encode() for r in range(size)], (i, got)
+        if rank == i % size:
+            assert store.get(f"late{i}") == b"x"  # usually parked before the set below arrives
+        elif rank == (i + 1) % size:
+            store.set(f"late{i}", b"x")
+        threads = [threading.Thread(target=lambda: [store.add(f"c{i}", 1) for _ in range(5)]) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        dist.barrier()
+        assert int(store.get(f"c{i}")) == 15 * size, (i, store.get(f"c{i}"))
+
+
 def users(rank: int, size: int) -> None:
     for round_ in range(3):
         store = default_store()
@@ -144,6 +167,7 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     if mode == "operations":
         operations(rank, size)
+        rounds(rank, size)
     elif mode == "users":
         users(rank, size)
         say(f"OK rank={rank} mode={mode}")

@@ -44,20 +44,35 @@ from . import world
 
 #: Tag of operations sent to the server; answers come back on a tag per operation, above it.
 _OPERATION = 0
-#: The server looks for operations back to back (yielding the GIL) for _SPIN_S after the last one, then
-#: ever less often: a nap of 1/500 of the time since (at least _BUSY_NAP_S, at most _IDLE_NAP_S, reached after
-#: 10 s). Looking every 2 ms, an idle server took 1.2% of a core from rank 0. A client waiting on an answer
-#: naps alike.
+#: How often the server looks for operations: back to back for _SPIN_S after the last one (a client's next
+#: operation follows its answer within microseconds), every _FAST_NAP_S within _FAST_S of it (operations come
+#: in bursts: a group's rendezvous), then every _SLOW_NAP_S, growing to _IDLE_NAP_S after 10 s quiet. Each look
+#: needs the GIL, which rank 0's own threads then give up: looking every 0.2 ms (yielding in between for the
+#: first 2 ms) made init_process_group on two fake nodes of 2 ranks take 1.4-2.8 s instead of 0.8 (no store
+#: operation in it; 4 processes on 2 cores); looking every 5 ms, 0.86 s. A client waiting on an answer looks
+#: back to back for _SPIN_S, then naps as the server does. Back to back means without sleeping: here
+#: ``time.sleep(0)`` took about 120 us, and a round trip over MPI polled with it 245 us (15 us without).
 _SPIN_S = 0.002
-_BUSY_NAP_S = 0.0002
+_FAST_NAP_S = 0.0002
+_FAST_S = 0.05
+_SLOW_NAP_S = 0.005
 _IDLE_NAP_S = 0.02
 
 
-def _nap(quiet_s: float) -> float:
-    """How long to sleep before looking again, ``quiet_s`` after the last operation (or since asking)."""
+def _server_nap(quiet_s: float) -> float:
+    """How long the server sleeps before looking again, ``quiet_s`` after the last operation (0: do not)."""
     if quiet_s < _SPIN_S:
         return 0.0
-    return min(_IDLE_NAP_S, max(_BUSY_NAP_S, quiet_s / 500))
+    if quiet_s < _FAST_S:
+        return _FAST_NAP_S
+    return min(_IDLE_NAP_S, max(_SLOW_NAP_S, quiet_s * _IDLE_NAP_S / 10))
+
+
+def _client_nap(waited_s: float) -> float:
+    """How long a client sleeps before looking for its answer again, ``waited_s`` after asking (0: do not)."""
+    if waited_s < _SPIN_S:
+        return 0.0
+    return min(_IDLE_NAP_S, max(_FAST_NAP_S, waited_s * _IDLE_NAP_S / 10))
 
 
 #: How long past an operation's timeout a client waits for the server's own timeout answer.
@@ -207,7 +222,7 @@ class _Server:
     def _serve_until_stopped(self) -> None:
         MPI = world.mpi()
         status = MPI.Status()
-        last = time.monotonic()
+        last = time.monotonic() - _FAST_S  # no operation yet: init_process_group makes none
         give_up = None
         while True:
             try:
@@ -227,7 +242,9 @@ class _Server:
                 give_up = give_up or now + GOODBYE_WAIT_S
                 if now > give_up or self._everyone_left():
                     return
-            time.sleep(_nap(now - last))
+            nap = _server_nap(now - last)
+            if nap:
+                time.sleep(nap)
 
     def _flush(self, deadline: float | None = None) -> None:
         """Complete posted answers (all of them, or until ``deadline``, when one is given)."""
@@ -236,7 +253,7 @@ class _Server:
             self._posted.extend(send for send in pending if not _done(send))
             if deadline is None or not self._posted or time.monotonic() > deadline:
                 return
-            time.sleep(_BUSY_NAP_S)
+            time.sleep(_FAST_NAP_S)
 
     def _serve(self, source: int, message: tuple) -> None:
         tag, generation, op, args, timeout_s = message
@@ -347,7 +364,9 @@ class _Channel:
                         f"hpccomm: store {op}: rank 0, which serves the job's store, did not answer in "
                         f"{timeout_s + _SERVER_GRACE_S:.0f} s"
                     )
-                time.sleep(_nap(now - asked))
+                nap = _client_nap(now - asked)
+                if nap:
+                    time.sleep(nap)
         except MPI.Exception as error:
             raise dist.DistStoreError(
                 f"hpccomm: store {op}: the job's store ran in MPI_COMM_WORLD rank 0, which has failed "

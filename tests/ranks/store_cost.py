@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import timedelta
 
 import hpccomm
 import torch.distributed as dist
@@ -40,6 +41,9 @@ else:
     for timed in (0, size - 1):
         dist.barrier()
         if rank != timed:
+            # Wait as a rank does in a rendezvous: in a store operation (not in hpccomm's barrier, whose
+            # polling would compete with rank 0's server thread for the GIL).
+            store.wait([f"done{timed}"], timedelta(seconds=600))
             continue
         value = b"x" * 64
         for op, call in (("set", lambda i: store.set(f"k{rank}/{i}", value)),
@@ -50,5 +54,6 @@ else:
                 call(i)
             print(f"OPS rank={rank} op={op} us={(time.perf_counter() - t0) / n * 1e6:.1f} "
                   f"store={type(store).__name__}", flush=True)
+        store.set(f"done{timed}", b"1")
 dist.barrier()
 dist.destroy_process_group()

@@ -46,17 +46,20 @@ from . import world
 _OPERATION = 0
 #: How often the server looks for operations: back to back for _SPIN_S after the last one (a client's next
 #: operation follows its answer within microseconds), every _FAST_NAP_S within _FAST_S of it (operations come
-#: in bursts: a group's rendezvous), then every _SLOW_NAP_S, growing to _IDLE_NAP_S after 10 s quiet. Each look
-#: needs the GIL, which rank 0's own threads then give up: looking every 0.2 ms (yielding in between for the
-#: first 2 ms) made init_process_group on two fake nodes of 2 ranks take 1.4-2.8 s instead of 0.8 (no store
-#: operation in it; 4 processes on 2 cores); looking every 5 ms, 0.86 s. A client waiting on an answer looks
-#: back to back for _SPIN_S, then naps as the server does. Back to back means without sleeping: here
+#: in bursts: a group's rendezvous), then ever less often: a tenth of the time since, at least _SLOW_NAP_S, at
+#: most _IDLE_NAP_S (reached 2 s after the last operation, and from the start: init_process_group itself makes
+#: none). Each look needs the GIL, which rank 0's other threads must then give up; on an oversubscribed node
+#: that handover costs a scheduler turn. Measured on two fake nodes of 4 ranks each (8 processes, 2 cores),
+#: init_process_group took 4.3-4.7 s with TCPStore; with this server looking every 5 ms 5.7-12.8 s, every 50
+#: ms 4.9-5.0 s, every 200 ms 4.3-5.1 s. The price: the first operation after a quiet spell waits up to
+#: _IDLE_NAP_S. A client waiting on an answer looks back to back for _SPIN_S, then naps _FAST_NAP_S, growing to
+#: _SLOW_NAP_S (it waits in its own thread: nobody gives up the GIL for it). Back to back means without sleeping: here
 #: ``time.sleep(0)`` took about 120 us, and a round trip over MPI polled with it 245 us (15 us without).
 _SPIN_S = 0.002
 _FAST_NAP_S = 0.0002
 _FAST_S = 0.05
 _SLOW_NAP_S = 0.005
-_IDLE_NAP_S = 0.02
+_IDLE_NAP_S = 0.2
 
 
 def _server_nap(quiet_s: float) -> float:
@@ -65,14 +68,14 @@ def _server_nap(quiet_s: float) -> float:
         return 0.0
     if quiet_s < _FAST_S:
         return _FAST_NAP_S
-    return min(_IDLE_NAP_S, max(_SLOW_NAP_S, quiet_s * _IDLE_NAP_S / 10))
+    return min(_IDLE_NAP_S, max(_SLOW_NAP_S, quiet_s / 10))
 
 
 def _client_nap(waited_s: float) -> float:
     """How long a client sleeps before looking for its answer again, ``waited_s`` after asking (0: do not)."""
     if waited_s < _SPIN_S:
         return 0.0
-    return min(_IDLE_NAP_S, max(_FAST_NAP_S, waited_s * _IDLE_NAP_S / 10))
+    return min(_SLOW_NAP_S, max(_FAST_NAP_S, waited_s / 100))
 
 
 #: How long past an operation's timeout a client waits for the server's own timeout answer.
@@ -222,7 +225,7 @@ class _Server:
     def _serve_until_stopped(self) -> None:
         MPI = world.mpi()
         status = MPI.Status()
-        last = time.monotonic() - _FAST_S  # no operation yet: init_process_group makes none
+        last = time.monotonic() - 10 * _IDLE_NAP_S  # quiet from the start: init_process_group makes no operation
         give_up = None
         while True:
             try:
@@ -244,7 +247,7 @@ class _Server:
                     return
             nap = _server_nap(now - last)
             if nap:
-                time.sleep(nap)
+                self._stopping.wait(nap)  # a sleep that stop() cuts short
 
     def _flush(self, deadline: float | None = None) -> None:
         """Complete posted answers (all of them, or until ``deadline``, when one is given)."""

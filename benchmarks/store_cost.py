@@ -31,9 +31,11 @@ from nodes import run_on_nodes  # noqa: E402
 
 
 def job(per_node: tuple[int, ...], store: str, *args: str) -> str:
+    """The job's output; a failed job's output is printed (its last lines) and empty output returned."""
     run = run_on_nodes(per_node, "store_cost.py", *args, env={"HPCCOMM_STORE": store}, limit_s=600)
     if run.returncode != 0 or run.timed_out:
-        raise SystemExit(f"{store} {per_node} {args}: the job failed\n{run.output[-4000:]}")
+        print(f"{store} {per_node} {args}: the job failed:\n{run.output[-1500:]}", file=sys.stderr, flush=True)
+        return ""
     return run.output
 
 
@@ -50,11 +52,15 @@ def main() -> None:
     for n in (int(part) for part in args.ranks.split(",")):
         cells = []
         for store in (s for s in stores if s != "file"):
-            times = []
+            times, failed = [], 0
             for _ in range(args.repeats):
-                output = job((n - n // 2, n // 2), store, "init")
-                times.append(max(float(t) for t in re.findall(r"INIT rank=\d+ s=([0-9.]+)", output)))
-            cells.append(f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})")
+                found = re.findall(r"INIT rank=\d+ s=([0-9.]+)", job((n - n // 2, n // 2), store, "init"))
+                if len(found) == n:
+                    times.append(max(float(t) for t in found))
+                else:
+                    failed += 1
+            cell = f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})" if times else "-"
+            cells.append(cell + (f", {failed} of {args.repeats} jobs failed" if failed else ""))
         print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
     print(f"\n{args.ops} operations each, 64-byte values, us an operation, median of {args.repeats} jobs")
     print("| store | op | rank 0 (serving process) | other rank |")

@@ -20,7 +20,11 @@ whose MPI reports rank 0 failed (fault-tolerant mode, ULFM), raises
 waits on. Each rendezvous (``init_process_group`` after a destroy) gets a
 table of its own, so keys of an earlier group never leak into a new one.
 
-The server needs ``MPI_THREAD_MULTIPLE``. At exit, rank 0 serves on until
+The server's thread looks for operations without a pause while they come,
+then ever less often, up to every 0.2 s (the first operation after a quiet
+spell waits that long): each look takes the GIL from rank 0's other threads,
+which on a node with more ranks than cores slowed init_process_group (the
+constants below say how much). The server needs ``MPI_THREAD_MULTIPLE``. At exit, rank 0 serves on until
 every other rank has said goodbye (its own exit step), has failed, or
 :data:`GOODBYE_WAIT_S` has passed, then stops its thread before MPI is
 finalised.

@@ -1,14 +1,15 @@
 """The job's store, served over MPI: no listening socket, no host name.
 
 torch keeps a key-value :class:`~torch.distributed.Store` beside every process
-group: group creation, gloo's and NCCL's rendezvous, ``monitored_barrier``,
-DeviceMesh and DCP read and write keys there. torch's own ``TCPStore`` listens
-on a port of rank 0's node and is found by host name. Under MPI the ranks
-already share a channel that needs neither: :class:`MPIStore` sends each store
-operation to ``MPI_COMM_WORLD`` rank 0 on a communicator of its own (a
+group: gloo's and NCCL's rendezvous, ``monitored_barrier`` and torch's
+store-based barriers read and write keys there. torch's own ``TCPStore``
+listens on a port of rank 0's node and is found by host name. Under MPI the
+ranks already share a channel that needs neither: :class:`MPIStore` sends each
+store operation to ``MPI_COMM_WORLD`` rank 0 on a communicator of its own (a
 duplicate of ``MPI_COMM_WORLD`` made once, at the first rendezvous), where a
-thread of rank 0's process answers it, so no rank waits on rank 0's Python
-code; rank 0's own operations are served in the calling thread.
+thread of rank 0's process answers it, so no rank waits for rank 0's main
+thread to reach a store call; rank 0's own operations are served in the
+calling thread.
 
 Operations and their answers are pickled Python tuples. Every operation gets
 exactly one answer: an operation that waits for keys (``get``, ``wait``,
@@ -24,10 +25,10 @@ The server's thread looks for operations without a pause while they come,
 then ever less often, up to every 0.2 s (the first operation after a quiet
 spell waits that long): each look takes the GIL from rank 0's other threads,
 which on a node with more ranks than cores slowed init_process_group (the
-constants below say how much). The server needs ``MPI_THREAD_MULTIPLE``. At exit, rank 0 serves on until
-every other rank has said goodbye (its own exit step), has failed, or
-:data:`GOODBYE_WAIT_S` has passed, then stops its thread before MPI is
-finalised.
+constants below say how much). The server needs ``MPI_THREAD_MULTIPLE``. At
+exit, rank 0 serves on until every other rank has said goodbye (its own exit
+step), has failed, or :data:`GOODBYE_WAIT_S` has passed, then stops its
+thread before MPI is finalised.
 """
 
 from __future__ import annotations

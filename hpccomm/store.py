@@ -41,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
@@ -97,24 +97,38 @@ def _as_bytes(value: Any) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
+class _Parked(NamedTuple):
+    """An operation waiting for its keys on the server."""
+
+    deadline: float
+    generation: int
+    op: str
+    args: tuple
+    answer: Answer
+
+    def missing(self, table: dict[str, bytes]) -> list[str]:
+        """The keys it waits for that ``table`` does not hold."""
+        return [key for key in _WAITING[self.op](self.args) if key not in table]
+
+
 class _Tables:
     """The keys of every rendezvous, and the operations parked until theirs are set (rank 0)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._tables: dict[int, dict[str, bytes]] = {}
-        #: (deadline, generation, op, args, answer) of operations waiting for keys.
-        self._parked: list[tuple[float, int, str, tuple, Answer]] = []
+        self._parked: list[_Parked] = []
 
     def serve(self, generation: int, op: str, args: tuple, timeout_s: float, answer: Answer) -> None:
         """Carry out ``op`` and ``answer`` it, now or once its keys are set."""
         with self._lock:
             table = self._tables.setdefault(generation, {})
             if op in _WAITING:
-                if all(key in table for key in _WAITING[op](args)):
-                    answer(("ok", _read(table, op, args)))
+                parked = _Parked(time.monotonic() + timeout_s, generation, op, args, answer)
+                if parked.missing(table):
+                    self._parked.append(parked)
                 else:
-                    self._parked.append((time.monotonic() + timeout_s, generation, op, args, answer))
+                    answer(("ok", _read(table, op, args)))
                 return
             try:
                 result = _write(table, op, args)
@@ -122,40 +136,29 @@ class _Tables:
                 answer(("error", str(error)))
                 return
             answer(("ok", result))
-            if self._parked:
-                self._release(generation, table)
-
-    def _release(self, generation: int, table: dict[str, bytes]) -> None:
-        waiting = []
-        for parked in self._parked:
-            _deadline, parked_generation, op, args, answer = parked
-            if parked_generation == generation and all(key in table for key in _WAITING[op](args)):
-                answer(("ok", _read(table, op, args)))
-            else:
-                waiting.append(parked)
-        self._parked = waiting
+            self._answer_where(lambda parked: parked.generation == generation and not parked.missing(table),
+                               lambda parked: ("ok", _read(table, parked.op, parked.args)))
 
     def expire(self, now: float) -> None:
         """Answer parked operations whose timeout has passed."""
         with self._lock:
-            if not any(deadline <= now for deadline, *_ in self._parked):
-                return
-            waiting = []
-            for parked in self._parked:
-                deadline, generation, op, args, answer = parked
-                if deadline <= now:
-                    table = self._tables.get(generation, {})
-                    answer(("timeout", [key for key in _WAITING[op](args) if key not in table]))
-                else:
-                    waiting.append(parked)
-            self._parked = waiting
+            self._answer_where(lambda parked: parked.deadline <= now,
+                               lambda parked: ("timeout", parked.missing(self._tables[parked.generation])))
 
     def close(self) -> None:
         """Answer every parked operation: the server is going away."""
         with self._lock:
-            for _deadline, _generation, _op, _args, answer in self._parked:
-                answer(("closed", None))
-            self._parked = []
+            self._answer_where(lambda parked: True, lambda parked: ("closed", None))
+
+    def _answer_where(self, due: Callable[[_Parked], bool], reply: Callable[[_Parked], tuple]) -> None:
+        """Answer the parked operations that are ``due`` with ``reply``, keep the others. Holds the lock."""
+        waiting = []
+        for parked in self._parked:
+            if due(parked):
+                parked.answer(reply(parked))
+            else:
+                waiting.append(parked)
+        self._parked = waiting
 
 
 def _read(table: dict[str, bytes], op: str, args: tuple) -> Any:

@@ -50,16 +50,16 @@ def main() -> None:
     print("init_process_group + barrier, slowest rank, median s (min-max)")
     print("| ranks | " + " | ".join(s for s in stores if s != "file") + " |")
     for n in (int(part) for part in args.ranks.split(",")):
-        cells = []
-        for store in (s for s in stores if s != "file"):
-            times, failed = [], 0
-            for _ in range(args.repeats):
+        times: dict[str, list[float]] = {store: [] for store in stores if store != "file"}
+        for _ in range(args.repeats):
+            for store in times:  # in turn, so that a slow spell of the machine falls on every store
                 found = re.findall(r"INIT rank=\d+ s=([0-9.]+)", job((n - n // 2, n // 2), store, "init"))
                 if len(found) == n:
-                    times.append(max(float(t) for t in found))
-                else:
-                    failed += 1
-            cell = f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})" if times else "-"
+                    times[store].append(max(float(t) for t in found))
+        cells = []
+        for store, taken in times.items():
+            cell = f"{statistics.median(taken):.3f} ({min(taken):.3f}-{max(taken):.3f})" if taken else "-"
+            failed = args.repeats - len(taken)
             cells.append(cell + (f", {failed} of {args.repeats} jobs failed" if failed else ""))
         print(f"| {n} | " + " | ".join(cells) + " |", flush=True)
     print(f"\n{args.ops} operations each, 64-byte values, us an operation, median of {args.repeats} jobs")

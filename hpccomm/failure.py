@@ -10,10 +10,11 @@ than one rank:
   aborting the job" and calls ``MPI_Abort``, so the launcher ends every rank
   and exits non-zero (the pattern of ``python -m mpi4py``);
 * every rank that exits, for any reason (``sys.exit(3)`` included), first tells
-  the others on a private communicator. A rank waiting on an operation whose
-  group contains a departed rank raises :class:`PeerExitedError` naming it,
-  instead of waiting out the timeout. A rank killed outright (SIGKILL) is
-  noticed by the launcher itself, which ends the job.
+  the others on hpccomm's control communicator (:func:`hpccomm.world.control`).
+  A rank waiting on an operation whose group contains a departed rank raises
+  :class:`PeerExitedError` naming it, instead of waiting out the timeout. A
+  rank killed outright (SIGKILL) is noticed by the launcher itself, which ends
+  the job.
 
 The goodbye receives are posted when MPI starts, so every goodbye is matched
 and its send completes; at exit the sends are awaited (bounded) and the
@@ -35,9 +36,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .world import Identity, mpi, mpi_world_ranks, on_identity
+from .world import GOODBYE_TAG, Identity, control, mpi, mpi_world_ranks, on_identity
 
-_BYE_TAG = 7
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
 #: which an abort would otherwise cut off.
 _FLUSH_S = 0.5
@@ -77,11 +77,11 @@ def install(rank: int, world_size: int) -> None:
         return
     MPI = mpi()
     _rank = rank
-    _control = MPI.COMM_WORLD.Dup()
+    _control = control()
     for peer in range(world_size):
         if peer != rank:
             buf = bytearray(1)
-            _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, _BYE_TAG), buf)
+            _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, GOODBYE_TAG), buf)
     sys.excepthook = _aborting_hook(sys.excepthook)
     atexit.register(_say_goodbye, world_size)
 
@@ -143,7 +143,7 @@ def _say_goodbye(world_size: int) -> None:
     for peer in range(world_size):
         if peer != _rank:
             try:
-                sends.append(_control.Isend((token, MPI.BYTE), peer, _BYE_TAG))
+                sends.append(_control.Isend((token, MPI.BYTE), peer, GOODBYE_TAG))
             except MPI.Exception:
                 pass  # fault-tolerant mode: the peer died
     deadline = time.monotonic() + _GOODBYE_WAIT_S

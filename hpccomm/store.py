@@ -5,11 +5,12 @@ group: gloo's and NCCL's rendezvous, ``monitored_barrier`` and torch's
 store-based barriers read and write keys there. torch's own ``TCPStore``
 listens on a port of rank 0's node and is found by host name. Under MPI the
 ranks already share a channel that needs neither: :class:`MPIStore` sends each
-store operation to ``MPI_COMM_WORLD`` rank 0 on a communicator of its own (a
-duplicate of ``MPI_COMM_WORLD`` made once, at the first rendezvous), where a
-thread of rank 0's process answers it, so no rank waits for rank 0's main
-thread to reach a store call; rank 0's own operations are served in the
-calling thread.
+store operation to ``MPI_COMM_WORLD`` rank 0 on hpccomm's control
+communicator (:func:`hpccomm.world.control`, made as MPI starts; the store
+adds none, nor the round of agreement among all ranks that making one takes),
+on tags of its own, where a thread of rank 0's process answers it, so no rank
+waits for rank 0's main thread to reach a store call; rank 0's own operations
+are served in the calling thread.
 
 Operations and their answers are pickled Python tuples. Every operation gets
 exactly one answer: an operation that waits for keys (``get``, ``wait``,
@@ -47,8 +48,6 @@ import torch.distributed as dist
 
 from . import world
 
-#: Tag of operations sent to the server; answers come back on a tag per operation, above it.
-_OPERATION = 0
 #: How often the server looks for operations: back to back for _SPIN_S after the last one (a client's next
 #: operation follows its answer within microseconds), every _FAST_NAP_S within _FAST_S of it (operations come
 #: in bursts: a group's rendezvous), then ever less often: a tenth of the time since, at least _SLOW_NAP_S, at
@@ -237,7 +236,7 @@ class _Server:
         give_up = None
         while True:
             try:
-                message = self._comm.improbe(MPI.ANY_SOURCE, _OPERATION, status)
+                message = self._comm.improbe(MPI.ANY_SOURCE, world.STORE_OPERATION_TAG, status)
             except MPI.Exception:
                 # ULFM: a rank failed; receiving from any source goes on once the failure is acknowledged.
                 self._comm.Ack_failed()
@@ -309,12 +308,11 @@ def _failed_ranks(comm: Any) -> set[int]:
 
 
 class _Channel:
-    """This process's way to the server: the store's communicator, and rank 0's tables and thread."""
+    """This process's way to the server: the control communicator, and rank 0's tables and thread."""
 
     def __init__(self) -> None:
         MPI = world.mpi()
-        self.comm = MPI.COMM_WORLD.Dup()
-        self.comm.Set_name("hpccomm-store")
+        self.comm = world.control()
         self.rank = self.comm.rank
         self._tags = itertools.count()
         self._tag_ub = min(int(self.comm.Get_attr(MPI.TAG_UB)), 1 << 30)
@@ -360,11 +358,11 @@ class _Channel:
 
     def _remote(self, generation: int, op: str, args: tuple, timeout_s: float) -> tuple:
         MPI = world.mpi()
-        tag = _OPERATION + 1 + next(self._tags) % (self._tag_ub - 1)
+        tag = world.STORE_ANSWER_TAG + next(self._tags) % (self._tag_ub - world.STORE_ANSWER_TAG)
         asked = time.monotonic()
         give_up = asked + timeout_s + _SERVER_GRACE_S
         try:
-            self.comm.send((tag, generation, op, args, timeout_s), dest=0, tag=_OPERATION)
+            self.comm.send((tag, generation, op, args, timeout_s), dest=0, tag=world.STORE_OPERATION_TAG)
             while True:
                 message = self.comm.improbe(0, tag)
                 if message is not None:
@@ -391,7 +389,7 @@ class _Channel:
             self._server.stop()
             return
         try:
-            self.comm.send((0, 0, "goodbye", (), 0.0), dest=0, tag=_OPERATION)
+            self.comm.send((0, 0, "goodbye", (), 0.0), dest=0, tag=world.STORE_OPERATION_TAG)
         except world.mpi().Exception:
             pass  # rank 0 failed: there is nobody to tell
 

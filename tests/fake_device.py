@@ -7,6 +7,18 @@ order whenever the device is asked anything, unless the test holds the stream
 (:meth:`FakeDevice.hold`): that is how a test stands for a slow kernel on the
 caller's stream, or a slow copy, and checks what hpccomm does meanwhile.
 
+``FakeDevice(late=True)`` is asynchronous, as a GPU is: queuing work or asking
+about an event runs nothing, so an event recorded a moment ago has not
+completed yet; the streams move only when the test calls :meth:`FakeDevice.run`,
+or on their own every ``period_s`` from a thread of the device's
+(:meth:`FakeDevice.start`). The host code handed to ``call_on`` runs at once
+there, as on a GPU, where it queues its kernels and returns (its tensor
+operations, being the CPU's, take effect at once too: only copies, waits and
+events queued through the seam are late). Logic that reads an event as
+complete just because the host asked (the scratch that held one buffer per
+call on an H100, not one per operation in flight) fails here as it failed
+there.
+
 The real implementation, :class:`~hpccomm.transports.device_ops.CudaOps`,
 runs on a GPU only (tests/gpu).
 """
@@ -42,9 +54,11 @@ class FakeDevice:
 
     Args:
         capturing: pretend a CUDA graph is being captured (staging must refuse).
+        late: run queued work only on :meth:`run` or from :meth:`start`'s thread, never
+            because it was queued or asked about.
     """
 
-    def __init__(self, capturing: bool = False) -> None:
+    def __init__(self, capturing: bool = False, late: bool = False) -> None:
         self.user = FakeStream("user")
         self.side = FakeStream("side")
         self.capturing = capturing
@@ -54,8 +68,11 @@ class FakeDevice:
         self._events = 0
         #: The threads that bound the device (:meth:`bind_thread`).
         self.bound_threads: set[int] = set()
-        #: The stream whose queued function is running, which is then the current one.
-        self._running: FakeStream | None = None
+        #: Per thread, the stream whose queued function the thread is running: then its current stream.
+        self._running = threading.local()
+        self.late = late
+        self._engine: threading.Thread | None = None
+        self._stopped = threading.Event()
 
     # -- test controls ------------------------------------------------------------------
 
@@ -65,7 +82,31 @@ class FakeDevice:
 
     def release(self, stream: FakeStream) -> None:
         stream.held = False
-        self.run()
+        self._ran_on_demand()
+
+    def start(self, period_s: float = 0.001) -> None:
+        """Run the streams every ``period_s`` from a thread of the device's, as a GPU runs its queues."""
+        def engine() -> None:
+            while not self._stopped.wait(period_s):
+                self.run()
+
+        self._engine = threading.Thread(target=engine, name="fake-device", daemon=True)
+        self._engine.start()
+
+    def stop(self) -> None:
+        """End :meth:`start`'s thread."""
+        self._stopped.set()
+        if self._engine is not None:
+            self._engine.join()
+
+    def synchronize(self) -> None:
+        """Run until every stream is empty, as ``torch.cuda.synchronize()`` waits (a held stream never empties)."""
+        while True:
+            self.run()
+            with self._lock:
+                if not any(stream.tasks for stream in (self.user, self.side)):
+                    return
+            self._stopped.wait(0.001)
 
     def launch(self, stream: FakeStream, fn: Callable[[], None]) -> None:
         """Queue ``fn`` on ``stream`` (a kernel the caller launched)."""
@@ -90,22 +131,28 @@ class FakeDevice:
                             dst, src = arg
                             dst.copy_(src)
                         elif kind == "call":
-                            running, self._running = self._running, stream  # current while it runs, as on a GPU
+                            running = getattr(self._running, "stream", None)
+                            self._running.stream = stream  # current while it runs, as on a GPU
                             try:
                                 arg()
                             finally:
-                                self._running = running
+                                self._running.stream = running
                         self.trace.append((kind, stream.name))
 
     def _queue(self, stream: FakeStream, task: tuple[str, Any]) -> None:
         with self._lock:
             stream.tasks.append(task)
-        self.run()
+        self._ran_on_demand()
+
+    def _ran_on_demand(self) -> None:
+        """Run the streams now, unless the device is late (then only :meth:`run` and its thread do)."""
+        if not self.late:
+            self.run()
 
     # -- DeviceOps ------------------------------------------------------------------------
 
     def current_stream(self) -> FakeStream:
-        return self._running or self.user
+        return getattr(self._running, "stream", None) or self.user
 
     def side_stream(self) -> FakeStream:
         return self.side
@@ -121,7 +168,7 @@ class FakeDevice:
         self._queue(stream, ("wait", event))
 
     def query(self, event: FakeEvent) -> bool:
-        self.run()
+        self._ran_on_demand()
         return event.done
 
     def host_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -132,7 +179,15 @@ class FakeDevice:
             self._queue(stream, ("copy", (dst, src)))
 
     def call_on(self, stream: FakeStream, queue_work: Callable[[], None]) -> None:
-        self._queue(stream, ("call", queue_work))
+        if not self.late:
+            self._queue(stream, ("call", queue_work))
+            return
+        running = getattr(self._running, "stream", None)
+        self._running.stream = stream
+        try:
+            queue_work()
+        finally:
+            self._running.stream = running
 
     def bind_thread(self) -> None:
         self.bound_threads.add(threading.get_ident())

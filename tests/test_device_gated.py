@@ -66,8 +66,8 @@ class Gated:
     UCC's own Pending and GatedPost over scripted requests.
     """
 
-    def __init__(self) -> None:
-        self.device = FakeDevice()
+    def __init__(self, late: bool = False) -> None:
+        self.device = FakeDevice(late=late)
         self.order = CallOrder()
         self.posts: list[str] = []
 

@@ -117,3 +117,55 @@ def test_on_the_host_gated_path_the_copy_back_runs_on_the_side_stream_after_the_
     gc.collect()
     reused, _ = scratch.take(target)
     assert scratch.nbytes == GRANULE and reused.numel() == 3
+
+
+def test_back_to_back_blocking_reductions_share_one_buffer_however_late_the_device_runs():
+    # On an H100, three blocking 8 MiB all-reduces held two buffers: each copy back, queued on the
+    # caller's stream, had not run when the next call took a buffer. The next post is gated on that
+    # same stream, after the copy back: the buffer is free at once. Here the device runs nothing
+    # until told (late), as a GPU that lags the host.
+    gated = Gated(late=True)
+    device = gated.device
+    scratch = Scratch(device, torch.device("cpu"))
+    target = torch.full((100,), 1.0)
+    addresses = set()
+    for call in range(3):
+        out, copy_back = scratch.take(target, device.current_stream())
+        addresses.add(out.data_ptr())
+        pending, request = gated.call(f"all_reduce {call}", after=[copy_back], keep=(target, out))
+        del out, copy_back
+        device.run()  # the gate completes
+        assert not pending.test_inline() and request.posted
+        request.done = True
+        assert pending.test_inline()  # the copy back queued on the caller's stream, not run
+        pending.finish()
+        del pending, request
+    assert len(addresses) == 1 and scratch.nbytes == GRANULE, (len(addresses), scratch.nbytes)
+    # An operation gated on another stream (a triggered post's side stream) must wait for the event.
+    other, _ = scratch.take(target, device.side_stream())
+    assert other.data_ptr() not in addresses, "reused before its copy back ran on another stream"
+    device.run()
+    del other
+    again, _ = scratch.take(target, device.side_stream())
+    assert again.data_ptr() in addresses, "not reused once the copies back had run"
+
+
+def test_an_operation_in_flight_beside_a_late_copy_back_gets_a_buffer_of_its_own():
+    # Async: the copy back goes on the side stream; the next call (gated on the caller's) must
+    # not take the buffer before that copy back has run.
+    gated = Gated(late=True)
+    device = gated.device
+    scratch = Scratch(device, torch.device("cpu"))
+    target = torch.zeros(10)
+    out, copy_back = scratch.take(target, device.current_stream())
+    first = out.data_ptr()
+    pending, request = gated.call("all_reduce", after=[copy_back], keep=(target, out))
+    del out, copy_back
+    device.run()
+    assert not pending.test() and request.posted
+    request.done = True
+    assert not pending.test()  # the local steps are queued on the side stream, not run
+    second, _ = scratch.take(target, device.current_stream())
+    assert second.data_ptr() != first, "handed out while its copy back on the side stream had not run"
+    device.run()
+    assert pending.test()

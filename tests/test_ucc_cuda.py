@@ -18,12 +18,15 @@ from hpccomm.ucc import binding
 
 
 @needs_ucc
-@pytest.mark.parametrize("nprocs, in_place", [(2, "scratch"), (3, "scratch"), (2, "native")])
-def test_every_operation_on_ucc_gated_by_the_callers_stream(nprocs, in_place):
+@pytest.mark.parametrize("nprocs, in_place, late", [(2, "scratch", False), (3, "scratch", False),
+                                                     (2, "native", False), (2, "scratch", True)])
+def test_every_operation_on_ucc_gated_by_the_callers_stream(nprocs, in_place, late):
     # The every-op values (in-place reductions: every dtype and op, through the group's scratch or
     # UCC's in-place flag), async interleaving, one rank's inputs late while the others post (its
-    # requests initialised but not posted meanwhile), completion only once landed.
-    env = {**ON_UCC, "DEVICE_PATH": "ucc", "HPCCOMM_UCC_IN_PLACE": in_place}
+    # requests initialised but not posted meanwhile), completion only once landed. ``late``: the
+    # simulated device lags the host as a GPU does (back-to-back blocking reductions must still
+    # share one scratch buffer, as they did not on an H100).
+    env = {**ON_UCC, "DEVICE_PATH": "ucc", "HPCCOMM_UCC_IN_PLACE": in_place, "FAKE_DEVICE_LATE": "1" if late else "0"}
     run = run_ranks(nprocs, "device_paths.py", env=env)
     assert_all_ranks_ok(run, nprocs)
 

@@ -158,7 +158,9 @@ class UCCCudaTransport(UCCTransport):
         """Out of place into the scratch, copied back into ``work`` first among the local steps."""
         if self.scratch is None:
             return super()._in_place(args, work, datatype, after)
-        out, copy_back = self.scratch.take(work)
+        # The stream the post is gated on: a buffer whose copy back went there before is free at once.
+        gate = self.ops.side_stream() if self._engine is not None else self.ops.current_stream()
+        out, copy_back = self.scratch.take(work, gate)
         self._info(args.src.info, work, datatype)
         self._info(args.dst.info, out, datatype)
         after.insert(0, copy_back)

@@ -7,8 +7,11 @@ buffers. ``DEVICE_PATH=ucc``: UCC's host-gated path (hpccomm/transports/
 ucc_cuda.py) on UCC's host memory, every collective on UCC (point-to-point and
 barriers staged, as on a GPU). ``DEVICE_PATH=mpi``: the CUDA-aware MPI path
 (hpccomm/transports/mpi_cuda.py) on host memory, everything on it but barriers
-and 16-bit float reductions (staged, as on a GPU). Values are checked on every
-rank. Usage: device_paths.py [name-filter]
+and 16-bit float reductions (staged, as on a GPU). ``FAKE_DEVICE_LATE=1``: the
+device lags the host as a GPU does (``FakeDevice(late=True)``, its streams run
+by a thread of its own), and a blocking call's results are read after
+``synchronize()``, as ``.cpu()`` would. Values are checked on every rank.
+Usage: device_paths.py [name-filter]
 """
 
 from __future__ import annotations
@@ -38,7 +41,10 @@ from rankcheck import check, run_all  # noqa: E402
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
 GROUP = front_of(dist.group.WORLD)
-DEVICE = FakeDevice()
+LATE = os.environ.get("FAKE_DEVICE_LATE") == "1"
+DEVICE = FakeDevice(late=LATE)
+if LATE:
+    DEVICE.start()
 STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
 PATH = os.environ.get("DEVICE_PATH", "staged")
 GATED_PATH = PATH != "staged"  # a host-gated path on device memory: its CallOrder is checked too
@@ -68,8 +74,9 @@ def label() -> tuple:
 
 
 def done(pending: Pending) -> None:
-    """Complete a blocking operation, as the front does."""
+    """Complete a blocking operation, as the front does, and wait for the device, as reading its results would."""
     complete_inline(pending, label(), 60.0)
+    DEVICE.synchronize()
 
 
 def red(op: dist.ReduceOp.RedOpType, dtype: torch.dtype):
@@ -124,9 +131,11 @@ def the_scratch_is_reused_and_each_operation_in_flight_has_its_own() -> None:
     done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
     held = scratch.nbytes
     assert held >= x.nbytes, held
-    for _ in range(5):  # one after another: the same buffer, no growth
-        done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
+    for _ in range(5):  # one after another, no wait for the device between them: the same buffer, no growth
+        complete_inline(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), label(), 60.0)
     assert scratch.nbytes == held, (scratch.nbytes, held)
+    DEVICE.synchronize()
+    assert x.tolist() == [float(sum(range(SIZE))) * SIZE**5] * 1000, x[:3]
     # In flight together (one rank's stream held, so none can complete): a buffer each, right values.
     DEVICE.hold(DEVICE.side)
     tensors = [torch.full((1000,), float(RANK + i)) for i in range(3)]

@@ -17,6 +17,14 @@ on CUDA memory is many times slower than its out-of-place one
 An all-gather in place (FSDP2's) passes to UCC as it is: it reduces nothing
 and needs no scratch.
 
+Every team layer finishes its set-up at the group's creation, where every
+rank is present (:meth:`UCCCudaTransport.settle`): tl/nccl creates its NCCL
+communicator inside the first ``ucc_collective_init`` on the team, blocking
+until every rank has come and with no timeout (``UCC_TL_NCCL_LAZY_INIT``,
+UCC 1.8's default), so a rank alone in its first collective (a peer skipped
+it, or died) would wait there forever, before any deadline of hpccomm's
+applies: on an H100 a lone rank sat in ``ucc_collective_init``.
+
 Point-to-point and barriers go through the staged path: UCC has no
 point-to-point calls and the MPI here need not be CUDA-aware.
 
@@ -43,14 +51,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from ..ucc import Request, Team, UCCError
 from ..ucc.binding import cuda_support, turn_off_memtype_cache
-from ..work import Pending
+from ..work import CommTimeoutError, Pending
 from . import Transport
 from .call_order import CallOrder
 from .device_gated import BySize, GatedPending
@@ -141,8 +150,67 @@ class UCCCudaTransport(UCCTransport):
             if in_place == "tuned":
                 for name, value in TUNED_IN_PLACE.items():
                     os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
-        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
-        return cls(team, staged, ops, device, triggered, in_place)
+        departed = _departure_check(global_ranks)
+        team = Team(_world_context(comm, timeout_s), comm, timeout_s, departed, own=True)
+        transport = cls(team, staged, ops, device, triggered, in_place)
+        try:
+            transport.settle(timeout_s, departed)
+        except BaseException:
+            transport.close(in_flight=True)  # its request may still be in UCC: team and buffers are kept
+            raise
+        return transport
+
+    def settle(self, timeout_s: float, departed: Callable[[], str | None] = lambda: None) -> None:
+        """One 4-byte all-reduce on the group's device memory, while every rank is here building the group. Collective.
+
+        A team layer that finishes its set-up in its first collective's
+        ``ucc_collective_init`` (tl/nccl, the module docstring) does it here,
+        where it ends; later collectives, whichever ranks call them, find it
+        set up and are bounded by the group's timeout. On one GPU shared by
+        ranks, NCCL refuses here ("Duplicate GPU") and UCC falls back, once.
+
+        Args:
+            timeout_s: the group's timeout: how long the collective may take.
+            departed: why to stop waiting (a rank that left the job), or None.
+
+        Raises:
+            CommTimeoutError: it did not end within ``timeout_s``.
+            RuntimeError: a rank left, or UCC refused or failed it.
+        """
+        ops, lib = self.ops, self._lib
+        ops.check_can_stage("group creation")
+        ops.bind_thread()
+        source = torch.zeros(1, dtype=torch.float32, device=self._device)
+        result = torch.empty_like(source)
+        written = ops.record(ops.current_stream())
+        while not ops.query(written):  # the zeros' kernel, before UCC reads them
+            time.sleep(0)
+        args = self._args(lib.UCC_COLL_TYPE_ALLREDUCE)
+        args.op = lib.UCC_OP_SUM
+        self._info(args.src.info, source)
+        self._info(args.dst.info, result)
+        try:
+            request = self._team.post(args, (source, result))
+        except UCCError as exc:
+            raise _unsupported(exc, lib) from exc
+        what = f"hpccomm group creation ({self._size} ranks): UCC's first collective on device memory"
+        deadline = time.monotonic() + timeout_s
+        polls = 0
+        while not request.test():
+            polls += 1
+            if polls % 1024:
+                continue
+            gone = departed()
+            if gone is not None:
+                raise RuntimeError(f"{what}: {gone} while it waited for them")
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"{what}: Timed out waiting {round(timeout_s * 1000)}ms for it to complete; a peer rank may "
+                    "not have joined the group's creation"
+                )
+        request.result(what)
+        if float(result[0]) != 0.0:
+            raise RuntimeError(f"{what}: summed zeros to {float(result[0])}")
 
     def close(self, in_flight: bool = False) -> None:
         # The staged transport is closed by its owner; an unposted request counts as in flight.

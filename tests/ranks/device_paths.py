@@ -36,7 +36,7 @@ from hpccomm.transports.mpi import MPITransport  # noqa: E402
 from hpccomm.transports.mpi_types import reduction  # noqa: E402
 from hpccomm.work import HpcWork, Pending, complete_inline  # noqa: E402
 from expected import ALL, combine, inputs, same, torch_op, valid_ops  # noqa: E402
-from rankcheck import check, run_all  # noqa: E402
+from rankcheck import check, expect_error, run_all  # noqa: E402
 
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
@@ -278,6 +278,57 @@ def complete_only_once_the_results_have_landed() -> None:
     assert not GATED_PATH or GATED.order.posted == posted + 1, f"the all-reduce did not go through {PATH}"
     # Every thread that posted or tested the device path bound the device first.
     assert threading.get_ident() in DEVICE.bound_threads or not GATED_PATH, DEVICE.bound_threads
+
+
+class LazyTeamLayer:
+    """A team layer that sets itself up inside the team's first ``ucc_collective_init``, stood in for on host memory.
+
+    tl/nccl does so (``UCC_TL_NCCL_LAZY_INIT``, UCC 1.8's default): it creates
+    its NCCL communicator there, blocking until every rank of the team has come,
+    with no timeout. Here a blocking MPI barrier over the team's ranks (a
+    duplicate made while the team is) runs in the team's first post, in C and
+    without a timeout as NCCL's is. On an H100 a rank alone in a collective sat
+    in that init for good; the check below hangs the same way unless every team
+    layer is set up while the group is made.
+    """
+
+    def __enter__(self) -> None:
+        from hpccomm.ucc.team import Team
+
+        self.team_class, self.init, self.post = Team, Team.__init__, Team.post
+        init, post = self.init, self.post
+
+        def lazy_init(team: Team, context, comm, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            team._lazy_setup = comm.Dup()  # collective, as the team's creation is
+            init(team, context, comm, *args, **kwargs)
+
+        def lazy_post(team: Team, *args, **kwargs):  # type: ignore[no-untyped-def]
+            setup = team.__dict__.pop("_lazy_setup", None)
+            if setup is not None:
+                setup.Barrier()  # every rank of the team, or wait forever
+                setup.Free()
+            return post(team, *args, **kwargs)
+
+        Team.__init__, Team.post = lazy_init, lazy_post
+
+    def __exit__(self, *exc: object) -> None:
+        self.team_class.__init__, self.team_class.post = self.init, self.post
+
+
+@check
+def a_rank_alone_in_a_collective_times_out_where_a_team_layer_sets_up_lazily() -> None:
+    if PATH != "ucc":
+        return
+
+    with LazyTeamLayer():
+        lone = UCCCudaTransport.for_group(world.mpi().COMM_WORLD.Dup(), range(SIZE), 3.0, STAGED, DEVICE,
+                                          torch.device("cpu"), in_place=settings.ucc_in_place)
+        if RANK == 0:  # the others skip it
+            x = torch.ones(4)
+            work = HpcWork(lone.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 3.0)
+            expect_error(RuntimeError, "Timed out", work.wait)
+    lone.close(in_flight=RANK == 0)
+    dist.barrier()
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

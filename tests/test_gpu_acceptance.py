@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import py_compile
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,3 +104,48 @@ def test_the_targets_come_from_the_runs_own_numbers(tmp_path):
     # no tests/gpu logs: triggered not measured.
     assert verdicts == ["PASS", "SHORT", "PASS", "SHORT", "PASS", "not measured"], out
     assert "HPCCOMM_CUDA_STAGED_MAX_BYTES=2097152" in out
+
+
+def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
+    # acceptance.sh's `within`: the H100's first run hung in one part and lost every later one.
+    text = SCRIPT.read_text()
+    within = text[text.index("  within() {"):text.index("  python3 -m pip install -q --no-index --find-links")]
+    program = tmp_path / "hangs.py"
+    program.write_text(
+        "import faulthandler, signal, subprocess, sys, time\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "if len(sys.argv) == 1:\n"
+        "    child = subprocess.Popen([sys.executable, __file__, 'child'])\n"
+        "    print('child', child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    part = tmp_path / "part.txt"
+    script = (f"set +e\nstarted=$SECONDS\nbudget=60\n{within}\n"
+              f"within 2 {part} python3 {program}; echo rc=$?\nwithin 5 {tmp_path / 'quick.txt'} echo quick; echo rc=$?\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert "rc=124" in proc.stdout and "rc=0" in proc.stdout, proc.stdout + proc.stderr
+    log = part.read_text()
+    assert log.count("most recent call first") == 2, log  # both processes printed their stacks
+    assert "HUNG: still running at its 2 s limit" in log, log
+    child = int(log.split("child ")[1].split()[0])
+    assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read().lower(), \
+        "a process the part started outlived it"
+    assert (tmp_path / "quick.txt").read_text().startswith("quick\n")
+
+
+def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
+    # rankcheck's per-check limit (RANKCHECK_LIMIT_S), which tests/gpu sets for every check on the GPU.
+    program = tmp_path / "checks.py"
+    program.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(REPO / 'tests' / 'ranks')!r})\n"
+        "from rankcheck import check, run_all\n"
+        "@check\ndef quick():\n    pass\n"
+        "@check\ndef waits_forever():\n    time.sleep(600)\n"
+        "run_all(0)\n"
+    )
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RANKCHECK_LIMIT_S": "1"})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"HUNG rank=0 waits_forever after 1 s; top frame: {program}:9 in waits_forever" in proc.stdout, proc.stdout
+    assert "most recent call first" in proc.stderr, proc.stderr

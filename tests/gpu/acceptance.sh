@@ -76,13 +76,28 @@ run)
   work=$(mktemp -d)  # everything raw; $OUT gets the five files the header names
   mkdir -p "$out"
   started=$SECONDS
-  budget=${ACCEPTANCE_BUDGET_S:-450}
-  within() {  # seconds file command...: run it into file under timeout, at most what is left of the budget
-    local limit=$1 file=$2 left=$((budget - (SECONDS - started))); shift 2
+  budget=${ACCEPTANCE_BUDGET_S:-380}
+  within() {  # seconds file command...: run it into file, at most `seconds` and what is left of the budget
+    local limit=$1 file=$2 left=$((budget - (SECONDS - started))) rc sid; shift 2
     if [ "$left" -lt 15 ]; then echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"; return 124; fi
     [ "$limit" -le "$left" ] || limit=$left
-    timeout "$limit" "$@" >"$file" 2>&1
-    local rc=$?
+    # In a session of its own, so that a part past its limit is ended with every process it started (mpirun's
+    # ranks included), after SIGUSR1, on which rankcheck and the benchmarks print every thread's stack.
+    setsid bash -c 'echo $$ >"$0.sid"; exec "$@"' "$file" "$@" >"$file" 2>&1 &
+    local pid=$! deadline=$((SECONDS + limit))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
+    if kill -0 "$pid" 2>/dev/null; then
+      sid=$(cat "$file.sid" 2>/dev/null)
+      [ -n "$sid" ] && pkill -USR1 -s "$sid"
+      sleep 5
+      [ -n "$sid" ] && pkill -KILL -s "$sid"
+      wait "$pid"
+      rc=124
+      echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >>"$file"
+    else
+      wait "$pid"; rc=$?
+    fi
+    rm -f "$file.sid"
     echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
     return $rc
   }
@@ -91,20 +106,35 @@ run)
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   paths="staged"
-  if [ -f "$bundle/ucc-source.tar.gz" ]; then
+  ucc_from=none
+  if [ -f "$bundle/ucc-prebuilt.tar.gz" ] && ls "$bundle"/ucx/libucx_cu13-*.whl >/dev/null 2>&1; then
+    # Built on the CPU machine (tests/gpu/prebuild_ucc.sh) into this very path: unpacked into a clean prefix.
+    rm -rf /tmp/hpccomm-ucc && mkdir -p /tmp/hpccomm-ucc/ucx
+    if tar -xzf "$bundle/ucc-prebuilt.tar.gz" -C /tmp/hpccomm-ucc \
+        && python3 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
+        && cp /tmp/hpccomm-ucc/ucc-env.sh "$work/ucc-env.sh"; then
+      ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))"
+    fi
+  fi
+  if [ "$ucc_from" = none ] && [ -f "$bundle/ucc-source.tar.gz" ]; then
+    # The fallback: built here (about 130-150 s), into a clean prefix (build_ucc.sh clears its own).
+    rm -rf /tmp/hpccomm-ucc
     if bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc \
         >"$work/ucc-env.sh" 2>"$work/ucc-build.txt"; then
-      # shellcheck disable=SC1091
-      source "$work/ucc-env.sh"
-      paths="staged ucc ucc-triggered"
-      chmod +x "$UCC_HOME"/ucx/libucx/bin/*  # a wheel's zip keeps no file modes
-      if [ "$gpus" -lt 2 ]; then
-        # Two ranks share one GPU here: NCCL refuses that ("Duplicate GPU"); UCC then falls back to tl/ucp
-        # after a slow first call (and hung once in three). Left out but for the one trace run that shows it.
-        export UCC_CL_BASIC_TLS=^nccl
-      fi
+      ucc_from="built here in $((SECONDS - started)) s"
     else
       echo "UCC build failed: testing the staged path alone (raw.tar.gz: ucc-build.txt)"
+    fi
+  fi
+  if [ "$ucc_from" != none ]; then
+    # shellcheck disable=SC1091
+    source "$work/ucc-env.sh"
+    paths="staged ucc ucc-triggered"
+    chmod +x "$UCC_HOME"/ucx/libucx/bin/* "$UCC_HOME"/bin/* 2>/dev/null  # a wheel's zip keeps no file modes
+    if [ "$gpus" -lt 2 ]; then
+      # Two ranks share one GPU here: NCCL refuses that ("Duplicate GPU"), and UCC falls back to tl/ucp after a
+      # failed NCCL set-up. Every part runs without tl/nccl but the two that show it (diag-nccl-*, the nccl trace).
+      export UCC_CL_BASIC_TLS=^nccl
     fi
   fi
   python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$work/install.log" 2>&1 \
@@ -112,67 +142,104 @@ run)
   if [ "$(python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
+  export HPCCOMM_GPU_PATHS="$paths"
+  mps_control=$(command -v nvidia-cuda-mps-control || true)
   report=$out/report.md
   {
-    echo "# GPU acceptance $(date -u +%FT%TZ): paths $paths; UCC built and hpccomm installed in $SECONDS s"
+    echo "# GPU acceptance $(date -u +%FT%TZ): paths $paths; UCC $ucc_from; set up in $((SECONDS - started)) s"
     echo '```'
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
+    echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
     python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
     python3 -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
     python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
     python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
-    echo "UCC_CL_BASIC_TLS=${UCC_CL_BASIC_TLS:-(unset)}"
+    echo "CUDA MPS: ${mps_control:-none on this machine (nvidia-cuda-mps-control not found)}"
+    echo "The UCC environment of every part (but the two that let tl/nccl in, which say so):"
+    env | grep -E '^(UCC|UCX|NCCL)_' | sort
+    echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
     if [ -n "${UCC_HOME:-}" ]; then
-      echo "UCC components: $(ls "$UCC_HOME/lib/ucc" | tr '\n' ' ')"
+      cat "$UCC_HOME/PREBUILT" 2>/dev/null
+      echo "UCC components: $(ls "$UCC_HOME/lib/ucc" | grep '\.so$' | tr '\n' ' ')"
       echo "UCX transports and memory domains (ucx_info -d):"
-      "$UCC_HOME"/ucx/libucx/bin/ucx_info -d 2>&1 | grep -E "Transport:|Memory domain:" | sort | uniq -c
+      timeout 20 "$UCC_HOME"/ucx/libucx/bin/ucx_info -d 2>&1 | grep -E "Transport:|Memory domain:" | sort | uniq -c
     fi
     echo '```'
   } >"$report" 2>&1
-  # In order of worth, each bounded by what is left of the budget: the first test pass, the paths against
-  # each other and Gloo, UCC's own numbers, the staging floor, the second test pass, then the team layers.
   status=0
-  HPCCOMM_GPU_PATHS="$paths" within 200 "$out/pytest-1.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
-  bench_paths=staged
-  [[ " $paths " == *" ucc "* ]] && bench_paths="staged,ucc,ucc-native,ucc-tuned,ucc-triggered,auto"
-  within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
-    --job-timeout 45 --json "$work/compare.json"
+  # In order of worth, each bounded by what is left of the budget: UCC's own numbers and the paths against each
+  # other and Gloo (neither can hang for long: each job has its limit), the two test passes, the diagnoses of
+  # what failed on the H100, MPS, then the staging floor and the team-layer traces.
   if [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
     for mode in oop inplace; do
       flag=(); [ $mode = inplace ] && flag=(-i)
-      within 40 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
-        "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 1 -e 16777216 -n 20 -w 5 "${flag[@]}"
+      within 30 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
+        "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5 "${flag[@]}"
     done
   fi
-  within 40 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
+  bench_paths=staged
+  [[ " $paths " == *" ucc "* ]] && bench_paths="staged,ucc,ucc-triggered,auto"
+  within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
+    --job-timeout 45 --json "$work/compare.json"
+  within 200 "$work/pytest-1.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
+  within 200 "$work/pytest-2.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
+  if [[ " $paths " == *" ucc "* ]]; then
+    # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
+    # a stream of the caller's), and a rank alone in a collective with tl/nccl let into the team.
+    within 40 "$work/diag-stream.txt" env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 \
+      RANKCHECK_LIMIT_S=30 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py compute_stream
+    within 40 "$work/diag-nccl-alone.txt" env -u UCC_CL_BASIC_TLS UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc \
+      HPCCOMM_CUDA_STAGED_MAX_BYTES=0 RANKCHECK_LIMIT_S=30 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+      missing_peer
+  fi
+  if [ -n "$mps_control" ] && [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
+    # The same perftest and paths with MPS on (the two ranks' contexts share the GPU instead of taking turns).
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/hpccomm-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hpccomm-mps/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if timeout 20 "$mps_control" -d >"$work/mps-start.txt" 2>&1; then
+      within 30 "$work/mps-perftest-oop.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
+        -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
+        "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5
+      within 60 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 \
+        --paths staged,ucc,auto --job-timeout 25 --json "$work/mps-compare.json"
+      echo quit | timeout 20 "$mps_control" >>"$work/mps-start.txt" 2>&1
+    else
+      echo "acceptance: MPS did not start" >>"$work/mps-start.txt"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  fi
+  within 30 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
     --profile 2000
   # Which UCC team layer serves each collective on CUDA memory.
   trace=(env UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2
          python3 benchmarks/cuda_allreduce.py --sizes 4,4194304 --rounds 1 --iters 2)
-  [[ " $paths " == *" ucc "* ]] && within 40 "$work/ucc-trace.txt" "${trace[@]}"
-  HPCCOMM_GPU_PATHS="$paths" within 200 "$out/pytest-2.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
   if [[ " $paths " == *" ucc "* ]]; then
-    # With tl/nccl allowed (two ranks on one GPU: NCCL refuses, UCC falls back); then UCX's memtype cache
-    # left on (UCX 1.22's default), to see whether the crash it is turned off for comes back.
-    within 40 "$work/ucc-trace-nccl.txt" env -u UCC_CL_BASIC_TLS "${trace[@]}"
-    within 40 "$work/memtype-on.txt" env UCX_MEMTYPE_CACHE=try HPCCOMM_TRANSPORT=cuda:ucc \
-      HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2 python3 benchmarks/cuda_allreduce.py \
-      --sizes 4,65536,4194304,67108864 --rounds 2
+    within 30 "$work/ucc-trace.txt" "${trace[@]}"
+    within 30 "$work/ucc-trace-nccl.txt" env -u UCC_CL_BASIC_TLS "${trace[@]}"
   fi
-  within 40 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
-  # hpccomm's own host work per staged call on this host's CPU, no device involved (the floor's complement).
-  within 40 "$work/staged-host-cost.md" hpccomm-run -n 1 python3 benchmarks/staged_host_cost.py
-  python3 tests/gpu/targets.py "$work" >"$out/targets.md"
+  within 30 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
+  cp "$work"/pytest-*.txt "$out/" 2>/dev/null
+  python3 tests/gpu/targets.py "$work" >"$out/targets.md"  # reads the pytest and diag-* logs' HUNG and FAIL lines
   {
     echo; echo "## Targets"; cat "$out/targets.md"
-    echo; echo "## Every path (benchmarks/cuda_allreduce.py --compare)"; cat "$work/compare.log"
     for mode in oop inplace; do
       echo; echo "## ucc_perftest allreduce on CUDA memory, $mode (count, bytes, avg/min/max us)"; echo '```'
       grep -E "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || tail -n 5 "$work/perftest-$mode.txt"
       echo '```'
     done
+    echo; echo "## Every path (benchmarks/cuda_allreduce.py --compare)"; cat "$work/compare.log"
+    if [ -f "$work/mps-start.txt" ]; then
+      echo; echo "## With MPS on"; echo '```'; cat "$work/mps-start.txt"
+      grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || tail -n 5 "$work/mps-perftest-oop.txt"
+      echo '```'; cat "$work/mps-compare.log" 2>/dev/null
+    fi
+    for diag in "$work"/diag-*.txt; do
+      [ -f "$diag" ] || continue
+      echo; echo "## $(basename "$diag")"; echo '```'
+      grep -E "^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU" "$diag" | sort | uniq -c | head -40
+      echo '```'
+    done
     for n in 1 2; do echo; echo "## Staging floor, $n rank(s)"; cat "$work/floor-$n.md"; done
-    [ -f "$work/staged-host-cost.md" ] && { echo; echo "## hpccomm's own host work per staged call"; cat "$work/staged-host-cost.md"; }
     for trace in ucc-trace ucc-trace-nccl; do
       [ -f "$work/$trace.txt" ] || continue
       echo; echo "## Team layers ($trace: UCC_COLL_TRACE)"; echo '```'
@@ -180,10 +247,7 @@ run)
         | sort | uniq -c
       echo '```'
     done
-    if [ -f "$work/memtype-on.txt" ]; then
-      echo; echo "## UCX memtype cache left on"; echo '```'; tail -n 12 "$work/memtype-on.txt"; echo '```'
-    fi
-    echo; echo "## tests/gpu"; echo '```'; tail -n 3 "$out"/pytest-*.txt; echo '```'
+    echo; echo "## tests/gpu"; echo '```'; tail -n 3 "$work"/pytest-*.txt; echo '```'
     echo; echo "total $((SECONDS - started)) s of a $budget s budget"
   } >>"$report" 2>&1
   tar -czf "$out/raw.tar.gz" -C "$work" .

@@ -54,9 +54,19 @@ def path_env(path: str) -> dict[str, str]:
     return PATHS[path]
 
 
+#: Each check of cuda_ops.py is bounded (rankcheck's RANKCHECK_LIMIT_S: a hung check prints HUNG with its
+#: top frame and every stack, and ends the rank), and so is the whole job: the acceptance run then goes on to
+#: its next part. The slowest check on an H100 shared by two ranks (1,000 small all-reduces on the UCC path at
+#: about 14 ms each, 2026-11-27) took about 15 s; a pass of every check about 45 s.
+CHECK_LIMIT_S = 60
+JOB_LIMIT_S = 180
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_cuda_tensors_on_two_ranks(path):
-    assert_all_ranks_ok(run_ranks(2, str(GPU_RANKS / "cuda_ops.py"), env=path_env(path), limit_s=900), 2)
+    env = {**path_env(path), "RANKCHECK_LIMIT_S": str(CHECK_LIMIT_S)}
+    run = run_ranks(2, str(GPU_RANKS / "cuda_ops.py"), env=env, limit_s=JOB_LIMIT_S, stacks_on_timeout=True)
+    assert_all_ranks_ok(run, 2)
 
 
 @pytest.mark.parametrize("path", PATHS)

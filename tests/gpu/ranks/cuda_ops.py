@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -158,15 +159,73 @@ def tensors_dropped_after_an_async_call_still_get_right_results() -> None:
         assert bool((value == sum(k + i for k in range(SIZE))).all()), (i, value[:4])
 
 
+class StageClock:
+    """When an operation's stages happened on the host-gated UCC path, in ms since ``start`` (for a failure's message).
+
+    ``posted``: UCC's post (the caller's stream reached the gate); ``ended``: UCC's
+    request ended and the local steps were queued. Other paths leave them out.
+    """
+
+    def __init__(self) -> None:
+        from hpccomm.transports.ucc import UCCPending
+        from hpccomm.transports.ucc_cuda import GatedPost
+
+        self.start = time.monotonic()
+        self.stages: dict[str, float] = {}
+        self._patched = [(GatedPost, "post"), (UCCPending, "finish")]
+        self._saved = [getattr(cls, name) for cls, name in self._patched]
+        for (cls, name), original in zip(self._patched, self._saved):
+            setattr(cls, name, self._timed("posted" if name == "post" else "ended", original))
+
+    def _timed(self, stage: str, original):  # type: ignore[no-untyped-def]
+        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
+            self.stages.setdefault(stage, self.now())
+            return original(*args, **kwargs)
+
+        return timed
+
+    def now(self) -> float:
+        return (time.monotonic() - self.start) * 1e3
+
+    def close(self) -> None:
+        for (cls, name), original in zip(self._patched, self._saved):
+            setattr(cls, name, original)
+
+
 @check
 def the_compute_stream_runs_while_the_collective_does() -> None:
-    t = torch.ones(1 << 20, device=DEVICE)
-    work = dist.all_reduce(t, async_op=True)
-    torch.cuda._sleep(500_000_000)  # long: far beyond the collective
-    work.wait()
-    assert not torch.cuda.current_stream().query(), "the host waited for the compute stream"
-    torch.cuda.synchronize()
-    assert bool((t == SIZE).all())
+    # On an H100 (UCC path) work.wait() returned only after a kernel the caller queued after the
+    # call. Timed stage by stage, on the default (legacy) stream and on a stream of the caller's own,
+    # so that a failure names the stage that waited for the kernel.
+    late = []
+    for name, stream in (("default stream", torch.cuda.default_stream(DEVICE)),
+                         ("a stream of the caller's", torch.cuda.Stream(device=DEVICE))):
+        with torch.cuda.stream(stream):
+            t = torch.ones(1 << 20, device=DEVICE)
+            stream.synchronize()
+            clock = StageClock()
+            try:
+                work = dist.all_reduce(t, async_op=True)
+                torch.cuda._sleep(1_000_000_000)  # about 0.5 s: far beyond the collective
+                slept = torch.cuda.Event()
+                slept.record(stream)
+                completed = kernel_ended = None
+                while completed is None:  # polled: is_completed() drives the work as wait() would
+                    kernel_done = slept.query()  # before the work's poll: a late kernel is never missed
+                    if work.is_completed():
+                        completed = clock.now()
+                    if kernel_done and kernel_ended is None:
+                        kernel_ended = clock.now()
+                    time.sleep(0.0005)
+                work.wait()
+            finally:
+                clock.close()
+            if kernel_ended is not None:
+                late.append(f"{name}: the work completed {completed:.0f} ms after the call, the kernel queued after "
+                            f"it ended at {kernel_ended:.0f} ms; stages {clock.stages}")
+            stream.synchronize()
+            assert bool((t == SIZE).all()), (name, t[:4])
+    assert not late, "the host waited for the compute stream: " + " | ".join(late)
 
 
 @check
@@ -180,14 +239,6 @@ def graph_capture_is_refused_with_a_clear_error() -> None:
                 expect_error(RuntimeError, "graph capture", lambda: dist.all_reduce(t))
         except RuntimeError as exc:  # the capture itself may end in error once the op refused
             assert "graph capture" in str(exc) or "capture" in str(exc), exc
-    dist.barrier()
-
-
-@check
-def a_missing_peer_times_out() -> None:
-    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=3))
-    if RANK == 0:
-        expect_error(RuntimeError, "Timed out", lambda: dist.all_reduce(torch.ones(4, device=DEVICE), group=group))
     dist.barrier()
 
 
@@ -237,6 +288,15 @@ def fsdp2_on_a_cuda_device_mesh_matches_single_process_training() -> None:
     for a, b in zip(reference.parameters(), model.parameters()):
         full = b.full_tensor().detach()
         assert torch.allclose(a, full, atol=1e-5, rtol=1e-4), (a - full).abs().max()
+
+
+@check
+def a_missing_peer_times_out() -> None:
+    # Last: where it hangs (it did on an H100, inside ucc_collective_init), the rank ends with it.
+    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=3))
+    if RANK == 0:
+        expect_error(RuntimeError, "Timed out", lambda: dist.all_reduce(torch.ones(4, device=DEVICE), group=group))
+    dist.barrier()
 
 
 os.environ.setdefault("RANKCHECK_TRACE", "1")

@@ -1,0 +1,389 @@
+"""The GPU acceptance run's reading of its own numbers, on the CPU: benchmarks/cuda_allreduce.py's summary and
+checks, and tests/gpu/targets.py's verdicts and its "What failed or hung" section.
+
+No GPU runs here: the benchmark's compare.json is built by its own summary functions from invented timings
+(so the JSON targets.py reads cannot drift from the JSON the benchmark writes), the ucc_perftest and pytest
+logs are written in those programs' formats, and each test makes a verdict go one known way.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MIB = 1 << 20
+SIZES = [4, 65536, MIB, 2 * MIB, 4 * MIB, 16 * MIB, 64 * MIB]
+ITEM = "tests/gpu/test_cuda.py::test_cuda_tensors_on_two_ranks[{}]"
+INFO = "tests/gpu/test_cuda.py::test_info_names_the_route_for_cuda_tensors[{}]"
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("cuda_allreduce", REPO / "benchmarks" / "cuda_allreduce.py")
+targets = _load("targets", REPO / "tests" / "gpu" / "targets.py")
+
+
+# Invented timings (us per call) by message bytes: staged wins small, UCC large, Gloo far behind at 64 MiB.
+def staged_us(b: int) -> float:
+    return 300 + b / MIB * 200  # beats UCC up to 2 MiB
+
+
+def ucc_us(b: int) -> float:
+    return 700 + b / MIB * 2.2  # 735 us at 16 MiB, 841 at 64
+
+
+def gloo_us(b: int) -> float:
+    return 400 + b / MIB * 560  # 36,240 us at 64 MiB: 43x the ucc path
+
+
+def timings(**overrides) -> dict[str, dict[str, dict[int, object]]]:
+    """{path: {op: {bytes: cell}}}: auto takes the faster path everywhere; ``overrides`` replace (path, op)."""
+    out: dict[str, dict[str, dict[int, object]]] = {}
+    for path, fn in (("staged", staged_us), ("ucc", ucc_us), ("ucc-triggered", ucc_us),
+                     ("auto", lambda b: min(staged_us(b), ucc_us(b))), ("gloo", gloo_us)):
+        out[path] = {op: {bench.message_bytes(op, s, 2): fn(bench.message_bytes(op, s, 2)) for s in SIZES}
+                     for op in bench.OPS}
+    for key, cells in overrides.items():
+        path, op = key.split("__")
+        out[path.replace("_", "-")][op].update(cells)
+    return out
+
+
+def compare_json(times: dict, failed: dict[str, str] | None = None, partial: dict[str, int] | None = None) -> dict:
+    """The summary the benchmark writes, from per-job records built by its own job_record (Gloo in staged's)."""
+    results = {}
+    for path in [p for p in times if p != "gloo"]:
+        ops = {}
+        for op, cells in times[path].items():
+            rows = [{"bytes": b, "hpccomm": us, "iters": {"hpccomm": 2}} for b, us in cells.items()]
+            if path == "staged":
+                for row in rows:
+                    row["gloo"] = times["gloo"][op][row["bytes"]]
+            ops[op] = rows[:(partial or {}).get(path, len(rows))]
+        meta = {"torch": "2.11", "ranks": 2, "gpu": "H100", "rounds": 3, "route": "ucc",
+                "staged_max_bytes": 2 * MIB if path == "auto" else 0}
+        results[path] = bench.job_record(meta, ops, complete=path not in (partial or {}))
+    return bench.summarise(results, failed or {})
+
+
+PERFTEST_HEAD = """Collective:             Allreduce
+Memory type:            cuda
+Datatype:               float32
+
+       Count        Size                Time, us                           Bandwidth, GB/s
+                                 avg         min         max         avg         max         min
+"""
+
+
+def write_run(out: Path, compare: dict | None = None, perftest: dict[int, float] | None = None,
+              logs: dict[str, str] | None = None, floor: tuple[float, float] | None = (33.0, 45.0)) -> None:
+    """Write what tests/gpu/acceptance.sh leaves in its work directory."""
+    if compare is not None:
+        (out / "compare.json").write_text(json.dumps(compare))
+    if perftest is not None:
+        rows = [f"{b // 4:>12}{b:>12}{t:>12.2f}{t * 0.9:>12.2f}{t * 1.1:>12.2f}{1.0:>12.2f}{1.0:>12.2f}{1.0:>12.2f}"
+                for b, t in sorted(perftest.items())]
+        (out / "perftest-oop.txt").write_text(PERFTEST_HEAD + "\n".join(rows) + "\n")
+    if floor is not None:
+        (out / "floor-1.json").write_text(json.dumps({"ranks": 1, "bytes": 4, "per_rank": [list(floor)],
+                                                      "cases": ["staged, set_stream, join", "hpccomm all_reduce"]}))
+    for name, text in (logs or {}).items():
+        (out / name).write_text(text)
+
+
+def pytest_log(outcomes: dict[str, str], failures: dict[str, list[str]] | None = None, tail: str = "") -> str:
+    """A ``pytest -v`` log: one line per item (an outcome of "" leaves it unfinished), the failure texts, summary."""
+    lines = ["=" * 29 + " test session starts " + "=" * 30, "collecting ... collected 6 items", ""]
+    for item, outcome in outcomes.items():
+        pad = " " * max(1, 72 - len(item) - len(outcome))
+        lines.append(f"{item} {outcome}{pad}[ 50%]" if outcome else f"{item} ")
+    if failures:
+        lines += ["", "=" * 35 + " FAILURES " + "=" * 35]
+        for name, text in failures.items():
+            lines += [f"{'_' * 20} {name} {'_' * 20}", "", "    def test_cuda_tensors_on_two_ranks(path):", *text,
+                      "", "tests/launch.py:281: AssertionError"]
+    failed = [item for item, outcome in outcomes.items() if outcome == "FAILED"]
+    if failed or outcomes:
+        lines.append("=" * 28 + " short test summary info " + "=" * 28)
+        lines += [f"FAILED {item} - AssertionError: ranks failed (exit 1):" for item in failed]
+    return "\n".join(lines) + "\n" + tail
+
+
+def all_passed() -> str:
+    return pytest_log({ITEM.format(p): "PASSED" for p in ("staged", "ucc", "ucc-triggered")}
+                      | {INFO.format(p): "PASSED" for p in ("staged", "ucc", "ucc-triggered")}
+                      | {ITEM.format("mpi"): "SKIPPED (HPCCOMM_GPU_PATHS does not list mpi)"})
+
+
+def verdicts(out: str) -> dict[str, str]:
+    """{target: verdict} from the table."""
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ") and "| target |" not in line]
+    return {cells[0][2:]: cells[-1].rstrip(" |") for cells in rows}
+
+
+def section(out: str) -> str:
+    return out.split("## What failed or hung", 1)[1]
+
+
+# ---------------------------------------------------------------------------------------------- the benchmark
+
+def test_the_two_files_name_the_same_collectives():
+    assert targets.OPS == bench.OPS
+
+
+def test_message_bytes_split_evenly_over_the_ranks():
+    assert bench.message_bytes("all_reduce", 4, 2) == 4
+    assert bench.message_bytes("broadcast", 6, 2) == 8  # whole float32 elements
+    assert bench.message_bytes("all_gather_into_tensor", 4, 2) == 8
+    assert bench.message_bytes("all_to_all_single", 65536, 3) == 65544
+    for op in bench.SPLIT_OPS:
+        for size in SIZES:
+            assert bench.message_bytes(op, size, 3) % 12 == 0 and bench.message_bytes(op, size, 3) >= size
+
+
+def test_iterations_scale_down_with_size_and_a_job_stays_within_its_time():
+    assert [bench.default_iters(s, 1e-5) for s in (64 * MIB, 16 * MIB, 4 * MIB)] == [2, 8, 32]
+    assert bench.default_iters(4, 1e-5) == bench.MAX_ITERS
+    assert bench.default_iters(4, 0.014) == 7  # a path with a flat 14 ms per call: capped by the round's time
+    assert bench.default_iters(64 * MIB, 5.0) == 1
+
+    def job_s(per_call_s, rounds: int = 3) -> float:
+        # Per (op, size): a warm-up call, a calibration call, the rounds and the checked call; five ops.
+        return 5 * sum(per_call_s(s) * (3 + rounds * bench.default_iters(s, per_call_s(s))) for s in SIZES)
+
+    staged = job_s(lambda s: 3e-4 + s / MIB * 6e-4)  # 40 ms at 64 MiB on an H100 shared by two ranks
+    gloo = job_s(lambda s: 4.5e-4 + s / MIB * 1.5e-3)  # up to 100 ms (Gloo's all_gather)
+    flat = job_s(lambda s: 0.014)
+    assert staged + gloo < 25 and flat < 15, (staged, gloo, flat)
+
+
+try:
+    import torch
+except ImportError:  # the checks need torch; everything else here does not
+    torch = None
+
+
+def _emulate(op: str, cases: list, swap: bool = False) -> None:
+    """Do on the CPU what ``op`` does across ranks, from each rank's checked input (``swap``: ranks mixed up)."""
+    world = len(cases)
+    for case in cases:
+        case.fill()
+    sources = [case.source.clone() for case in cases]
+    if swap:
+        sources.reverse()
+    m = cases[0].nbytes // 4 // world
+    for rank in range(world):
+        whole = {"all_reduce": lambda: sum(sources), "broadcast": lambda: sources[0],
+                 "all_gather_into_tensor": lambda: torch.cat(sources),
+                 "reduce_scatter_tensor": lambda: sum(sources)[rank * m:(rank + 1) * m],
+                 "all_to_all_single": lambda: torch.cat([s[rank * m:(rank + 1) * m] for s in sources])}[op]()
+        # Mixed up: every rank's input taken in reverse order, and each result given to the mirror rank.
+        cases[world - 1 - rank if swap else rank].result.copy_(whole)
+
+
+@pytest.mark.skipif(torch is None, reason="torch is not installed")
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("op", list(bench.OPS))
+def test_the_check_accepts_what_each_op_gives_and_nothing_else(op, world):
+    cases = [bench.Case(op, bench.message_bytes(op, 1000, world), rank, world, torch.device("cpu"))
+             for rank in range(world)]
+    _emulate(op, cases)
+    assert [case.mismatch() for case in cases] == [None] * world
+    cases[-1].result[-1] += 1
+    assert "should be" in cases[-1].mismatch()
+    if op != "all_reduce":  # a sum does not depend on the ranks' order
+        _emulate(op, cases, swap=True)
+        assert any(case.mismatch() for case in cases)
+
+
+def test_a_wrong_cell_is_no_time_and_never_the_fastest():
+    times = timings(ucc__all_gather_into_tensor={64 * MIB: "wrong"}, auto__broadcast={4: "error"})
+    summary = compare_json(times)
+    row = next(r for r in summary["ops"]["all_gather_into_tensor"]["rows"] if r["bytes"] == 64 * MIB)
+    assert row["us"]["ucc"] == "wrong" and row["best"] == "ucc-triggered", row
+    assert summary["ops"]["broadcast"]["rows"][0]["auto_over_best"] is None
+    text = bench.report(summary)
+    assert "| 67108864 | 13100.0 | wrong | 840.8 | 840.8 | 36240.0 | ucc-triggered | 1.00 |" in text, text
+    for op in bench.OPS:
+        assert f"# CUDA {op} per path: 2 ranks, H100" in text
+    # all_reduce's rows and threshold stay at the top level, for readers of the older JSON.
+    assert summary["rows"] == summary["ops"]["all_reduce"]["rows"] and summary["threshold"] == 2 * MIB
+    assert set(summary) == {"paths", "failed", "rows", "threshold", "machine", "auto_staged_max_bytes", "ops"}
+
+
+def test_a_job_killed_midway_keeps_its_cells_and_says_where_it_was():
+    output = ("timing all_reduce 4 rank=0\ntiming all_reduce 4 rank=1\nchecking all_reduce 4 rank=0\n"
+              "timing all_gather_into_tensor 16777216 rank=1\ntiming all_gather_into_tensor 16777216 rank=0\n"
+              "still running at the 45 s limit:\n")
+    assert bench.where(output) == "in all_gather_into_tensor 16777216"
+    assert bench.where("timing broadcast 8 rank=0\nchecking broadcast 8 rank=1\n") == \
+        "rank 0 in broadcast 8; rank 1 in broadcast 8 (checking values)"
+    assert bench.where("MPI_Init failed\n") is None
+    times = timings()
+    summary = compare_json(times, failed={"auto": "over its 45 s limit in all_gather_into_tensor 16777216"},
+                           partial={"auto": 3})
+    rows = summary["ops"]["all_gather_into_tensor"]["rows"]
+    assert [("auto" in r["us"]) for r in rows] == [True] * 3 + [False] * 4
+    assert "auto: not (fully) measured: over its 45 s limit" in bench.report(summary)
+
+
+# ---------------------------------------------------------------------------------------------- the targets
+
+def test_a_run_that_meets_every_target_passes_every_row(tmp_path):
+    write_run(tmp_path, compare_json(timings()), {16 * MIB: 707.0, 64 * MIB: 852.0},
+              {"pytest-1.txt": all_passed(), "pytest-2.txt": all_passed()})
+    out = targets.table(tmp_path)
+    got = verdicts(out)
+    assert len(got) == 12 and set(got.values()) == {"PASS"}, out
+    assert "worst at" in got_row(out, "all_gather_into_tensor") and "per size 8 B 1.00" in out
+    assert "Measured crossover: HPCCOMM_CUDA_STAGED_MAX_BYTES=2097152" in out
+    failed = section(out)
+    assert "- pass 1 (pytest-1.txt): nothing failed or hung" in failed
+    assert "- pass 2 (pytest-2.txt): nothing failed or hung" in failed
+    assert "benchmark" not in failed, failed
+
+
+def got_row(out: str, fragment: str) -> str:
+    return next(line for line in out.splitlines() if line.startswith("| ") and fragment in line)
+
+
+def test_without_a_gpu_run_every_row_says_not_measured(tmp_path):
+    out = targets.table(tmp_path)
+    assert set(verdicts(out).values()) == {"not measured"} and len(verdicts(out)) == 12, out
+    assert "PASS" not in out and "SHORT" not in out
+    failed = section(out)
+    assert "- pass 1: no log (did not run)" in failed and "- pass 2: no log (did not run)" in failed
+    assert "benchmark (compare.json): no results" in failed
+
+
+def test_slow_paths_are_short_with_their_ratios(tmp_path):
+    mib16 = 16 * MIB
+    times = timings(auto__all_gather_into_tensor={mib16: ucc_us(mib16) * 1.3},
+                    ucc__all_reduce={64 * MIB: 27300.0})
+    write_run(tmp_path, compare_json(times), {mib16: 707.0, 64 * MIB: 852.0})
+    out = targets.table(tmp_path)
+    got = verdicts(out)
+    # 16 MiB: 707/735 = 0.96; 64 MiB: 852/27300 = 0.03; Gloo 36240/27300 = 1.3x; all_gather's auto 1.3x at 16 MiB.
+    assert got["UCC path all_reduce 16 MiB at least 0.9x ucc_perftest out of place (speed)"] == "PASS", out
+    assert got_row(out, "all_reduce 64 MiB at least 0.9x").endswith("| 0.03 | >= 0.9 | SHORT |"), out
+    gloo = got_row(out, "10x Gloo")
+    assert gloo.endswith("| 1.33 | >= 10 | SHORT |") and "ucc path (UCC serves it) 27300.0" in gloo, gloo
+    assert "its route at 64 MiB: UCC, staged up to 2097152 B" in gloo, gloo
+    gather = got_row(out, "every size: all_gather_into_tensor")
+    assert gather.endswith("| 1.30 | <= 1.1 | SHORT |") and "worst at 16 MiB: auto 955.8, ucc 735.2" in gather, gather
+    assert got["auto within 1.1x of the fastest path at every size: broadcast (time)"] == "PASS"
+    # The tests/gpu rows: no logs.
+    assert got["tests/gpu passes twice on ucc"] == "not measured"
+
+
+def test_a_wrong_value_is_short_and_named(tmp_path):
+    times = timings(ucc__all_reduce={64 * MIB: "wrong"}, auto__reduce_scatter_tensor={65536: "wrong"})
+    write_run(tmp_path, compare_json(times), {16 * MIB: 707.0, 64 * MIB: 852.0})
+    out = targets.table(tmp_path)
+    assert got_row(out, "all_reduce 64 MiB at least 0.9x").endswith("| - | >= 0.9 | SHORT |"), out
+    assert got_row(out, "10x Gloo").endswith("| SHORT |"), out
+    assert "auto wrong at 64 KiB" in got_row(out, "every size: reduce_scatter_tensor")
+    assert got_row(out, "every size: reduce_scatter_tensor").endswith("| SHORT |")
+    failed = section(out)
+    assert "- benchmark, all_reduce: ucc wrong at 64 MiB" in failed, failed
+    assert "- benchmark, reduce_scatter_tensor: auto wrong at 64 KiB" in failed, failed
+
+
+def test_a_path_whose_job_stopped_early_is_not_measured_where_it_had_no_numbers(tmp_path):
+    failed = {"auto": "over its 45 s limit in all_gather_into_tensor 16777216"}
+    write_run(tmp_path, compare_json(timings(), failed=failed, partial={"auto": 5}))
+    out = targets.table(tmp_path)
+    row = got_row(out, "every size: all_gather_into_tensor")
+    assert row.endswith("| not measured |") and "no auto or no other path at 16 MiB, 64 MiB" in row, row
+    assert "- benchmark, auto path: over its 45 s limit in all_gather_into_tensor 16777216" in section(out)
+
+
+def test_tests_gpu_rows_and_what_failed_or_hung(tmp_path):
+    long = "x" * 500
+    ucc_failure = [
+        # pytest lists a frame's arguments first, shortened: a quoted marker, kept only where nothing better says it.
+        "run = RankRun(returncode=1, output='FAIL rank=0 in_place_reductions_are_freed: Assert...\\nOK rank=1', "
+        "timed_out=False)",
+        "E       AssertionError: ranks failed (exit 1):",
+        "E         OK rank=1 checks=20",
+        f"E         FAIL rank=0 in_place_reductions_are_freed: AssertionError: 16 MiB of scratch held {long}",
+        "E         HUNG rank=1 a_missing_peer_times_out after 60 s; top frame: /w/hpccomm/ucc/request.py:46 in post",
+        "E         FAILED rank=0 failures=1 of 20",
+        "E       assert 1 == 0",
+        "E        +  where 1 = RankRun(returncode=1, output='FAIL rank=0 in_place_reductions_are_freed: Assert...\\nOK"
+        " rank=1').returncode",
+    ]
+    triggered_failure = ["E       AssertionError: ranks timed out:", "E         OK rank=0 checks=20",
+                         "E         still running at the 180 s limit:", "E           pid 7 state S in futex_wait"]
+    first = pytest_log({ITEM.format("staged"): "PASSED", ITEM.format("ucc"): "FAILED",
+                        ITEM.format("ucc-triggered"): "FAILED", INFO.format("ucc"): "PASSED"},
+                       {"test_cuda_tensors_on_two_ranks[ucc]": ucc_failure,
+                        "test_cuda_tensors_on_two_ranks[ucc-triggered]": triggered_failure})
+    # The second pass hung in ucc-triggered and was ended by the acceptance run (no outcome, no summary).
+    second = (f"{ITEM.format('staged')} PASSED [ 12%]\n{ITEM.format('ucc')} PASSED [ 25%]\n"
+              f"{ITEM.format('ucc-triggered')} acceptance: HUNG: still running at its 200 s limit (stacks above)\n"
+              "acceptance: exit status 124 after 460 s\n")
+    diag = ("OK rank=1 checks=1\nFAIL rank=0 the_compute_stream_runs: AssertionError: the host waited\n"
+            "FAILED rank=0 failures=1 of 1\n")
+    write_run(tmp_path, logs={"pytest-1.txt": first, "pytest-2.txt": second, "diag-stream.txt": diag,
+                              "diag-nccl-alone.txt": "OK rank=0 checks=1\nOK rank=1 checks=1\n",
+                              "diag-late.txt": "acceptance: out of time (budget 380 s), skipped: hpccomm-run\n"})
+    out = targets.table(tmp_path)
+    got = verdicts(out)
+    assert got["tests/gpu passes twice on staged"] == "PASS", out
+    assert got["tests/gpu passes twice on ucc"] == "SHORT" and "pass 1: 1 passed, 1 failed; pass 2: 1 passed" in out
+    assert got["tests/gpu passes twice on ucc-triggered"] == "SHORT" and "pass 2: 1 unfinished" in out
+    failed = section(out)
+    ucc = failed.index(f"  - {ITEM.format('ucc')}: FAILED")
+    assert failed.index("    - FAIL rank=0 in_place_reductions_are_freed: AssertionError: 16 MiB") > ucc
+    assert "Assert...'" not in failed and long not in failed  # the repr's copy left out, the detail cut
+    fail_line = next(line for line in failed.splitlines() if "FAIL rank=0 in_place" in line)
+    assert len(fail_line) < 260 and fail_line.endswith("..."), fail_line  # the detail: 200 characters
+    assert "    - HUNG rank=1 a_missing_peer_times_out after 60 s; top frame: /w/hpccomm/ucc/request.py:46 in post" \
+        in failed
+    assert f"  - {ITEM.format('ucc-triggered')}: FAILED\n    - the ranks were still running at the 180 s limit" \
+        in failed
+    assert f"- pass 2 (pytest-2.txt):\n  - {ITEM.format('ucc-triggered')}: never finished (the pass was ended at " \
+           "its 200 s limit while it ran)" in failed, failed
+    assert "- diag-stream.txt:\n  - the rank program:\n    - FAIL rank=0 the_compute_stream_runs: AssertionError: " \
+           "the host waited" in failed, failed
+    assert "- diag-nccl-alone.txt: nothing failed or hung" in failed
+    assert "- diag-late.txt: did not run" in failed
+    assert f"{ITEM.format('staged')}:" not in failed
+
+
+def test_a_marker_only_quoted_in_a_repr_is_cut_at_its_escaped_newline():
+    lines = ["E        +  where 3 = RankRun(returncode=3, output='OK rank=1 checks=2\\nHUNG rank=0 waits after 5 s; "
+             "top frame: /w/ranks/x.py:9 in waits\\nThread 0x1 (most recent call first):\\n').returncode"]
+    assert targets.markers(lines) == ["HUNG rank=0 waits after 5 s; top frame: /w/ranks/x.py:9 in waits"]
+
+
+def test_a_failure_without_a_rank_marker_shows_pytests_error(tmp_path):
+    log = pytest_log({INFO.format("ucc"): "FAILED"},
+                     {"test_info_names_the_route_for_cuda_tensors[ucc]":
+                      ["E       AssertionError: route for CUDA tensors: staged", "E       assert 1 == 0"]})
+    write_run(tmp_path, logs={"pytest-1.txt": log})
+    failed = section(targets.table(tmp_path))
+    assert "    - no rank named a check; pytest: AssertionError: route for CUDA tensors: staged" in failed, failed
+    assert "- pass 2: no log (did not run)" in failed
+
+
+def test_a_path_skipped_or_run_once_is_not_measured(tmp_path):
+    skipped = pytest_log({ITEM.format("staged"): "PASSED",
+                          ITEM.format("ucc"): "SKIPPED (HPCCOMM_GPU_PATHS does not list ucc)"})
+    write_run(tmp_path, logs={"pytest-1.txt": skipped, "pytest-2.txt": skipped})
+    got = verdicts(targets.table(tmp_path))
+    assert got["tests/gpu passes twice on staged"] == "PASS"
+    assert got["tests/gpu passes twice on ucc"] == "not measured"
+    assert got["tests/gpu passes twice on ucc-triggered"] == "not measured"
+    (tmp_path / "pytest-2.txt").unlink()
+    assert verdicts(targets.table(tmp_path))["tests/gpu passes twice on staged"] == "not measured"

@@ -76,6 +76,11 @@ from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
 #: demand, at most UCC_MC_CUDA_MPOOL_MAX_ELEMS, 8 by default, outside torch's allocator).
 TUNED_IN_PLACE = {"UCC_TL_UCP_ALLREDUCE_SRA_KN_PIPELINE": "n", "UCC_MC_CUDA_MPOOL_ELEM_SIZE": "64Mb"}
 _logger = logging.getLogger("hpccomm")
+#: The all-reduce the first group on a device runs while it is made (UCCCudaTransport.settle): past UCX's
+#: rendezvous threshold and UCC's small-message algorithms, as a DDP bucket is.
+WARM_BYTES = 4 << 20
+#: The devices whose first group has run it, in this process.
+_warmed: set[torch.device] = set()
 
 
 class GatedPost:
@@ -161,26 +166,40 @@ class UCCCudaTransport(UCCTransport):
         return transport
 
     def settle(self, timeout_s: float, departed: Callable[[], str | None] = lambda: None) -> None:
-        """One 4-byte all-reduce on the group's device memory, while every rank is here building the group. Collective.
+        """All-reduces on the group's device memory while every rank is here building the group. Collective.
 
         A team layer that finishes its set-up in its first collective's
-        ``ucc_collective_init`` (tl/nccl, the module docstring) does it here,
-        where it ends; later collectives, whichever ranks call them, find it
-        set up and are bounded by the group's timeout. On one GPU shared by
-        ranks, NCCL refuses here ("Duplicate GPU") and UCC falls back, once.
+        ``ucc_collective_init`` (tl/nccl, the module docstring) does it in the
+        first, 4 bytes, where it ends; later collectives, whichever ranks call
+        them, find it set up and are bounded by the group's timeout. On one GPU
+        shared by ranks, NCCL refuses there ("Duplicate GPU") and UCC falls back,
+        once. The first group on a device in the process also runs one of
+        :data:`WARM_BYTES`: UCC and UCX allocate device resources for their
+        first large collective (its pipeline, reduction executors, transfer
+        streams), and a device allocation waits for the work queued on the
+        legacy default stream (CUDA's implicit synchronisation), so a first
+        large all-reduce after init waited for a kernel the caller queued after
+        it (an H100, 2026-11-27: its request ended only when the kernel did).
 
         Args:
-            timeout_s: the group's timeout: how long the collective may take.
+            timeout_s: the group's timeout: how long each collective may take.
             departed: why to stop waiting (a rank that left the job), or None.
 
         Raises:
-            CommTimeoutError: it did not end within ``timeout_s``.
-            RuntimeError: a rank left, or UCC refused or failed it.
+            CommTimeoutError: one did not end within ``timeout_s``.
+            RuntimeError: a rank left, or UCC refused or failed one.
         """
+        self.ops.check_can_stage("group creation")
+        self.ops.bind_thread()
+        first = self._device not in _warmed
+        for nbytes in (4, WARM_BYTES) if first else (4,):
+            self._settle_once(nbytes // 4, timeout_s, departed)
+        _warmed.add(self._device)
+
+    def _settle_once(self, numel: int, timeout_s: float, departed: Callable[[], str | None]) -> None:
+        """One all-reduce of ``numel`` float32 zeros, out of place, progressed until it ends (:meth:`settle`)."""
         ops, lib = self.ops, self._lib
-        ops.check_can_stage("group creation")
-        ops.bind_thread()
-        source = torch.zeros(1, dtype=torch.float32, device=self._device)
+        source = torch.zeros(numel, dtype=torch.float32, device=self._device)
         result = torch.empty_like(source)
         written = ops.record(ops.current_stream())
         while not ops.query(written):  # the zeros' kernel, before UCC reads them
@@ -193,7 +212,8 @@ class UCCCudaTransport(UCCTransport):
             request = self._team.post(args, (source, result))
         except UCCError as exc:
             raise _unsupported(exc, lib) from exc
-        what = f"hpccomm group creation ({self._size} ranks): UCC's first collective on device memory"
+        what = (f"hpccomm group creation ({self._size} ranks): UCC's all-reduce of {numel * 4} bytes on device memory "
+                "while the group is made")
         deadline = time.monotonic() + timeout_s
         polls = 0
         while not request.test():
@@ -209,8 +229,8 @@ class UCCCudaTransport(UCCTransport):
                     "not have joined the group's creation"
                 )
         request.result(what)
-        if float(result[0]) != 0.0:
-            raise RuntimeError(f"{what}: summed zeros to {float(result[0])}")
+        if bool(result.ne(0).any()):
+            raise RuntimeError(f"{what}: summed zeros to something else")
 
     def close(self, in_flight: bool = False) -> None:
         # The staged transport is closed by its owner; an unposted request counts as in flight.

@@ -4,7 +4,7 @@
 #   bash tests/gpu/acceptance.sh prepare [DIR] [UCC_SOURCE]   here (with PyPI): what the GPU machine cannot
 #                                                              download, into DIR (default .gpu-bundle, git-ignored)
 #   bash tests/gpu/acceptance.sh run [DIR]                     on the GPU machine, through the device tool:
-#       run(command="bash tests/gpu/acceptance.sh run", carry=[".gpu-bundle"], timeout_s=540)
+#       run(command="bash tests/gpu/acceptance.sh run", carry=[".gpu-bundle"], timeout_s=420)
 #
 # UCC_SOURCE: an autogen'd UCC source tarball (one top directory, as ../shared/ucc/ucc-1.8.0-autogen.tar.gz),
 # bundled as it is; or a UCC source checkout (a git clone of openucx/ucc, e.g. of the mirror `fetch
@@ -12,23 +12,38 @@
 # runs here (the GPU machine has no libtoolize) before bundling the generated tree. Not given: the tarball
 # .ci/run builds UCC from ($HPCCOMM_UCC_SOURCE, else ../shared/ucc/ucc-1.8.0-autogen.tar.gz beside this
 # checkout, else /work/shared/ucc/...), where found. With UCC the bundle holds a libucx-cu13 wheel too (UCX with
-# CUDA); without, 'run' tests the staged path alone. Bundle: about 50 MB with UCC (carry limit 64).
+# CUDA); without, 'run' tests the staged path alone. Bundle: 53.7 MB with UCC (the UCX wheel 43.4 MB; carry
+# limit 64 MiB with the working tree, 1.9 MB).
+#
+# 'prepare' also builds UCC here for the GPU machine (tests/gpu/prebuild_ucc.sh: CUDA 13.0, sm_90, tl/nccl,
+# tl/cuda, ucc_perftest on Open MPI 4.1; about 2 minutes, 2 MB; HPCCOMM_PREBUILD_UCC=0 leaves it out), so
+# that 'run' unpacks it in a second instead of building it there (130-150 s of device time; tests/build_ucc.sh
+# stays the fallback when the bundle has no prebuilt UCC).
 #
 # The GPU machine (../shared/FACTS.md) has a Python 3.12 venv with torch (CUDA) and mpi4py on the system
-# Open MPI, and no network. 'run' builds UCC there with CUDA, tl/nccl (on the NCCL wheel torch brought) and
-# ucc_perftest (on the system Open MPI) (tests/build_ucc.sh --cuda --nccl, about 2 minutes), installs hpccomm
-# against it from this checkout (no dependencies fetched), then, in order of worth, each part bounded by what
-# is left of ACCEPTANCE_BUDGET_S (default 450 s, build included, so that the call stays under 8 minutes and a
-# rerun fits in a session's device time): tests/gpu on every path (staged, ucc, ucc-triggered, mpi where the
-# MPI is CUDA-aware); benchmarks/cuda_allreduce.py --compare (every path, UCC's in-place modes, auto and Gloo,
-# 4 B to 64 MiB, and the staged limit to set); ucc_perftest all-reduce on CUDA memory out of place and in
-# place; the staging floor at one rank, with a cProfile of the staged call; UCC_COLL_TRACE (the team layer
-# per collective); tests/gpu again; the trace with tl/nccl allowed; UCX's memtype cache left on; the staging
-# floor at two ranks; benchmarks/staged_host_cost.py (hpccomm's own host work per staged call on that CPU).
+# Open MPI, and no network. 'run' unpacks (or builds) UCC into a clean /tmp/hpccomm-ucc, installs hpccomm
+# against it from this checkout (no dependencies fetched), prints the machine and the one UCC environment every
+# part runs with (UCC_CL_BASIC_TLS=^nccl where two ranks share one GPU, which NCCL refuses), then runs, in
+# order of worth, each part in a session of its own with its own limit, cut to what is left of
+# ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
+# 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
+# programs print every thread's stack), then is ended with every process it started, and the run goes on:
+#   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers);
+#   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
+#      bounded), and the staged limit to set;
+#   3. tests/gpu, first pass: every path (staged, ucc, ucc-triggered, mpi where the MPI is CUDA-aware), each
+#      check bounded (60 s: a hung check prints HUNG with its top frame and ends its job);
+#   4. the H100's failures, each alone (diag-*.txt): the compute stream on a fresh process, a lone rank with
+#      tl/nccl let into the team, the triggered path's first all-reduce (and under MPS);
+#   5. with MPS on, where the machine has nvidia-cuda-mps-control: ucc_perftest and the paths again;
+#   6. tests/gpu, second pass; 7. the staging floor at one rank (with a cProfile), the team layer of each
+#      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
+# ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5.
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
-# per target, every ratio from this run), report.md (the machine, UCC's components, UCX's transports, every
-# table above), pytest-1.txt and pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no
-# time for says so in its log. Exit status: that of the test passes.
+# per target, every ratio from this run, and every check that failed or hung with its top frame), report.md
+# (the machine, UCC's components and environment, UCX's transports, every table above), pytest-1.txt and
+# pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says so in its log.
+# Exit status: that of the test passes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -66,6 +81,13 @@ prepare)
     (cd "$work/ucc" && ./autogen.sh >"$work/autogen.log" 2>&1) || { tail -20 "$work/autogen.log"; exit 1; }
     tar -czf "$bundle/ucc-source.tar.gz" -C "$work" ucc
     rm -rf "$work"
+  fi
+  # UCC built here for the GPU machine (tests/gpu/prebuild_ucc.sh, about 2 minutes, needs PyPI and mpicc): 'run'
+  # unpacks it instead of building it there (130-150 s of device time). HPCCOMM_PREBUILD_UCC=0 leaves it out.
+  rm -f "$bundle/ucc-prebuilt.tar.gz"
+  if [ -f "$bundle/ucc-source.tar.gz" ] && [ "${HPCCOMM_PREBUILD_UCC:-1}" != 0 ]; then
+    bash tests/gpu/prebuild_ucc.sh "$bundle" "$bundle/ucc-source.tar.gz" \
+      || echo "UCC prebuild failed: 'run' will build UCC on the GPU machine" >&2
   fi
   echo "prepared $bundle: $(cd "$bundle" && find . -type f | sort | tr '\n' ' ')"
   du -sh "$bundle"
@@ -142,6 +164,7 @@ run)
   if [ "$(python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
+  paths=${ACCEPTANCE_PATHS:-$paths}
   export HPCCOMM_GPU_PATHS="$paths"
   mps_control=$(command -v nvidia-cuda-mps-control || true)
   report=$out/report.md
@@ -177,10 +200,11 @@ run)
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5 "${flag[@]}"
     done
   fi
-  bench_paths=staged
-  [[ " $paths " == *" ucc "* ]] && bench_paths="staged,ucc,ucc-triggered,auto"
+  bench_paths=$(echo "$paths" | tr ' ' '\n' | grep -v '^mpi$' | tr '\n' ',')
+  [[ " $paths " == *" ucc "* ]] && bench_paths="staged,ucc,auto,${bench_paths#staged,ucc,}"
+  bench_paths=${bench_paths%,}
   within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
-    --job-timeout 45 --json "$work/compare.json"
+    --job-timeout 45 --budget-s 140 --json "$work/compare.json"
   within 200 "$work/pytest-1.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
   if [[ " $paths " == *" ucc "* ]]; then
     # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
@@ -191,6 +215,17 @@ run)
       HPCCOMM_CUDA_STAGED_MAX_BYTES=0 RANKCHECK_LIMIT_S=30 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
       missing_peer
   fi
+  if [ "$ucc_from" != none ]; then
+    # The triggered path's first all-reduces, alone, with UCC's execution engine traced: as it is, and with the
+    # engine's stream tasks as kernels instead of the driver's stream memory operations.
+    triggered=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 HPCCOMM_UCC_TRIGGERED=1
+               RANKCHECK_LIMIT_S=12 UCC_COLL_TRACE=debug UCC_EC_CUDA_LOG_LEVEL=debug)
+    within 25 "$work/diag-triggered.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+      sizes_from_empty
+    within 25 "$work/diag-triggered-kernel.txt" "${triggered[@]}" UCC_EC_CUDA_STREAM_TASK_MODE=kernel \
+      hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py sizes_from_empty
+  fi
+  [ "${ACCEPTANCE_MPS:-1}" != 0 ] || mps_control=""
   if [ -n "$mps_control" ] && [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
     # The same perftest and paths with MPS on (the two ranks' contexts share the GPU instead of taking turns).
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/hpccomm-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hpccomm-mps/log
@@ -199,8 +234,10 @@ run)
       within 30 "$work/mps-perftest-oop.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
         -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5
-      within 45 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 \
-        --paths staged,ucc --job-timeout 20 --json "$work/mps-compare.json"
+      within 45 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 --ops all_reduce \
+        --paths staged,ucc --job-timeout 20 --budget-s 40 --json "$work/mps-compare.json"
+      within 25 "$work/diag-triggered-mps.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+        sizes_from_empty
       echo quit | timeout 20 "$mps_control" >>"$work/mps-start.txt" 2>&1
     else
       echo "acceptance: MPS did not start" >>"$work/mps-start.txt"
@@ -236,7 +273,8 @@ run)
     for diag in "$work"/diag-*.txt; do
       [ -f "$diag" ] || continue
       echo; echo "## $(basename "$diag")"; echo '```'
-      grep -E "^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU" "$diag" | sort | uniq -c | head -40
+      grep -E "^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post" "$diag" \
+        | sed -E "s/^\[[0-9.]+\] \[[^]]*\] *//" | sort | uniq -c | sort -rn | head -40
       echo '```'
     done
     for n in 1 2; do echo; echo "## Staging floor, $n rank(s)"; cat "$work/floor-$n.md"; done

@@ -278,7 +278,7 @@ def one_job(args: argparse.Namespace) -> None:
     import hpccomm  # noqa: F401
     import torch
     import torch.distributed as dist
-    from hpccomm.config import settings
+    from hpccomm.config import cuda_staged_limits
     from hpccomm.transports import device_routes
 
     dist.init_process_group("hpccomm")
@@ -289,7 +289,8 @@ def one_job(args: argparse.Namespace) -> None:
         groups["gloo"] = dist.new_group(list(range(world)), backend="gloo")
     meta = {"torch": torch.__version__, "ranks": world, "rounds": args.rounds,
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "route": device_routes.describe("cuda"), "staged_max_bytes": settings.cuda_staged_max_bytes}
+            "route": device_routes.describe("cuda"), "staged_max_bytes": cuda_staged_limits()["all_reduce"],
+            "staged_limits": cuda_staged_limits()}
     done: dict[str, list[dict]] = {}
     for op in args.ops.split(","):
         done[op] = []

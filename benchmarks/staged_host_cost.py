@@ -73,7 +73,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from cuda_staging_floor import staged_round_trip  # noqa: E402
 from hpccomm import world  # noqa: E402
-from hpccomm.config import settings  # noqa: E402
+from hpccomm.config import cuda_staged_limits  # noqa: E402
 from hpccomm.front import front_of  # noqa: E402
 from hpccomm.registration import BACKEND_SHAPE  # noqa: E402
 from hpccomm.transports import Transport  # noqa: E402
@@ -151,7 +151,7 @@ class Nothing(Transport):
 def staged_chain(comm: Any) -> Transport:
     """What a group's CUDA tensors go through on a GPU with UCC (``ucc_cuda.cuda_transport``), on FreeOps."""
     staged = HostStagedTransport(MPITransport(comm), FreeOps())
-    return BySize(staged, NoDevice(), settings.cuda_staged_max_bytes)
+    return BySize(staged, NoDevice(), cuda_staged_limits())
 
 
 def timed_interleaved(

@@ -64,6 +64,29 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+#: Where CUDA tensors go to UCC on device memory, the largest message of each collective that still goes
+#: through host memory (None: every size does), unless ``HPCCOMM_CUDA_STAGED_MAX_BYTES`` sets one limit for all.
+#: Measured, not estimated: the GPU acceptance run of 2026-11-27 (tests/gpu/acceptance.sh: one H100 shared by
+#: 2 ranks without MPS, torch 2.11, UCC 1.8.0 with tl/nccl kept out; benchmarks/cuda_allreduce.py --compare,
+#: 4 B to 64 MiB), each the largest size measured at which the staged path beat UCC's: all-reduce 1,147 against
+#: 1,285 us at 4 MiB, UCC from 16 MiB (1,353 against 4,857 us); all-gather 4.9 against 5.1 ms at 16 MiB, UCC at
+#: 64 MiB (19.7 against 21.7 ms); broadcast 2.8 against 3.6 ms at 16 MiB, UCC at 64 MiB (14.6 against 17.0);
+#: all-to-all 0.72 against 0.88 ms at 2 MiB, UCC from 4 MiB (0.82 against 1.27 ms). UCC never beat the staged
+#: path at reduce-scatter (16.3 against 19.5 ms at 64 MiB); reduce, gather and scatter have not been timed on a
+#: GPU. The UCC path passed tests/gpu four times in two runs that day. With one GPU per rank (no context
+#: switches between ranks, tl/nccl in the team) UCC's side gains most: measure there and set the variable.
+CUDA_STAGED_MAX_BYTES: dict[str, int | None] = {
+    "all_reduce": 4 << 20,
+    "all_gather": 16 << 20,
+    "broadcast": 16 << 20,
+    "all_to_all": 2 << 20,
+    "reduce_scatter": None,
+    "reduce": None,
+    "gather": None,
+    "scatter": None,
+}
+
+
 @dataclass(frozen=True)
 class Config:
     """Settings that shape hpccomm's behaviour.
@@ -119,10 +142,13 @@ class Config:
             collectives of at most this many bytes go through host memory
             instead; ``0`` sends every collective there (but barriers, and a
             CUDA-aware MPI's 16-bit float reductions; UCC's point-to-point
-            is staged too). The default, 2 MiB, is estimated from 2 ranks
-            sharing one H200 (docs/ucc-cuda.md); ``python
-            benchmarks/cuda_allreduce.py --compare`` measures the crossover on
-            the machine at hand and prints the value to set.
+            is staged too). Unset (None), each collective has its own limit,
+            measured on a GPU (:data:`CUDA_STAGED_MAX_BYTES`: all-reduce
+            4 MiB, all-gather and broadcast 16 MiB, all-to-all 2 MiB,
+            reduce-scatter, reduce, gather and scatter always staged; one
+            H100 shared by 2 ranks, 2026-11-27); ``python
+            benchmarks/cuda_allreduce.py --compare`` measures them on the
+            machine at hand.
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
             collectives on an execution engine on the group's side stream
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
@@ -171,7 +197,7 @@ class Config:
     shm_stream_min_bytes: int | None
     algo: str
     transports: tuple[tuple[str, str], ...]
-    cuda_staged_max_bytes: int
+    cuda_staged_max_bytes: int | None
     ucc_triggered: bool
     ucc_in_place: str
     ft: bool
@@ -190,17 +216,24 @@ def _read() -> Config:
         shm_stream_min_bytes=_size("HPCCOMM_SHM_STREAM_MIN_BYTES", None),
         algo=_choice("HPCCOMM_ALGO", ("auto", "flat", "hier")),
         transports=_transports("HPCCOMM_TRANSPORT"),
-        # 2 MiB: on an H200 shared by 2 ranks (../shared/FACTS.md, 2026-11-26) the staged path took 389 us at
-        # 1 MiB and 4,225 at 16 MiB (about 256 us a MiB between them), UCC out of place (ucc_perftest) 689-707
-        # us from 1 to 16 MiB: staged is faster up to about 2 MiB (est. 645 us). An estimate, not a measured
-        # crossover: the acceptance run measures it (benchmarks/cuda_allreduce.py --compare).
-        cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", 2 << 20),
+        cuda_staged_max_bytes=_size("HPCCOMM_CUDA_STAGED_MAX_BYTES", None),
         ucc_triggered=_flag("HPCCOMM_UCC_TRIGGERED"),
         ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),
         ft_keep_bytes=_size("HPCCOMM_FT_KEEP_BYTES", 64 << 10),
         store=_choice("HPCCOMM_STORE", ("auto", "mpi", "file", "tcp")),
     )
+
+
+def cuda_staged_limits(config: Config | None = None) -> dict[str, int | None]:
+    """The largest message of each CUDA collective that goes through host memory (None: every size).
+
+    ``HPCCOMM_CUDA_STAGED_MAX_BYTES`` where set, for every collective; else :data:`CUDA_STAGED_MAX_BYTES`.
+    """
+    override = (config or settings).cuda_staged_max_bytes
+    if override is None:
+        return dict(CUDA_STAGED_MAX_BYTES)
+    return dict.fromkeys(CUDA_STAGED_MAX_BYTES, override)
 
 
 settings: Config = _read()

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from . import debug, rendezvous, torch_gaps, world
-from .config import settings
+from .config import cuda_staged_limits, settings
 from .front import BACKEND_NAME, Front
 from .monitor import Monitor
 from .topology import group_cuda_device
@@ -234,7 +234,7 @@ def _cuda_transport(comm: Any, global_ranks: list[int], timeout: timedelta, rout
     ops = cuda_ops(device)
     on_device = comm.Dup() if route != "staged" else None
     staged = HostStagedTransport(cpu_transport(comm, global_ranks), ops)
-    limit = settings.cuda_staged_max_bytes
+    limit = cuda_staged_limits()
     if route == "mpi":
         from .transports import mpi_cuda
 

@@ -216,7 +216,7 @@ class Recorder(Transport):
 
 def test_collectives_go_by_a_size_every_rank_sees_alike_and_point_to_point_is_staged():
     staged, ucc = Recorder(), Recorder()
-    paths = BySize(staged, ucc, staged_max_bytes=64)
+    paths = BySize(staged, ucc, limits=64)
     small, large = torch.zeros(16), torch.zeros(17)  # 64 and 68 bytes
     paths.allreduce([small], None)
     paths.allreduce([large], None)
@@ -228,25 +228,29 @@ def test_collectives_go_by_a_size_every_rank_sees_alike_and_point_to_point_is_st
     paths.reduce_scatter_from(torch.zeros(8), torch.zeros(16), None)  # input 64 bytes
     paths.gather(None, large, 0)  # a non-root passes no outputs: the tensor decides
     paths.scatter(small, None, 0)
-    paths.alltoall_single(torch.zeros(1), torch.zeros(1), [1], [1])  # sizes differ by rank: always UCC
+    paths.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])  # sizes differ by rank: device memory
+    paths.alltoall_single(torch.zeros(16), torch.zeros(16), [8, 8], [8, 8])  # even: every rank 64 bytes
+    paths.alltoall_single(torch.zeros(18), torch.zeros(18), [9, 9], [9, 9])  # even: every rank 72 bytes
+    paths.alltoall([torch.zeros(8), torch.zeros(8)], [torch.zeros(8), torch.zeros(8)])  # even, 64 bytes
     paths.barrier()
     paths.send(large, 1, 0)
     paths.recv(large, None, 0)
     assert staged.calls == ["allreduce", "broadcast", "allgather", "reduce_scatter_from", "scatter",
-                            "barrier", "send", "recv"]
-    assert ucc.calls == ["allreduce", "allreduce", "reduce", "allgather_into", "gather", "alltoall_single"]
+                            "alltoall_single", "alltoall", "barrier", "send", "recv"]
+    assert ucc.calls == ["allreduce", "allreduce", "reduce", "allgather_into", "gather", "alltoall_single",
+                         "alltoall_single"]
 
 
 def test_zero_sends_every_collective_to_device_memory():
     staged, ucc = Recorder(), Recorder()
-    BySize(staged, ucc, staged_max_bytes=0).allreduce([torch.zeros(1)], None)
-    BySize(staged, ucc, staged_max_bytes=0).broadcast(torch.zeros(0), 0)
+    BySize(staged, ucc, limits=0).allreduce([torch.zeros(1)], None)
+    BySize(staged, ucc, limits=0).broadcast(torch.zeros(0), 0)
     assert ucc.calls == ["allreduce"] and staged.calls == ["broadcast"]  # 0 bytes <= 0: no data to move
 
 
 def test_reductions_the_device_cannot_do_stay_staged_and_point_to_point_can_go_to_the_device():
     staged, device = Recorder(), Recorder()
-    paths = BySize(staged, device, staged_max_bytes=0, host_reduced=frozenset({torch.bfloat16}), p2p_on_device=True)
+    paths = BySize(staged, device, limits=0, host_reduced=frozenset({torch.bfloat16}), p2p_on_device=True)
     half = torch.zeros(64, dtype=torch.bfloat16)
     paths.allreduce([half], None)
     paths.reduce(half, 0, None)
@@ -260,16 +264,28 @@ def test_reductions_the_device_cannot_do_stay_staged_and_point_to_point_can_go_t
     assert device.calls == ["broadcast", "allreduce", "send", "recv"], device.calls
 
 
-def test_the_staged_limit_setting_and_routing_by_its_default(monkeypatch):
+def test_the_staged_limits_are_measured_per_collective_and_the_setting_overrides_them_all(monkeypatch):
     from hpccomm import config
 
-    limit = config._read().cuda_staged_max_bytes
-    assert limit == 2 << 20  # estimated from the H200 run (hpccomm/config.py says how)
+    assert config._read().cuda_staged_max_bytes is None
+    limits = config.cuda_staged_limits(config._read())
+    # From the H100 acceptance run of 2026-11-27 (hpccomm/config.py says how): UCC from 16 MiB all-reduces on.
+    assert limits["all_reduce"] == 4 << 20 and limits["reduce_scatter"] is None, limits
     staged, device = Recorder(), Recorder()
-    paths = BySize(staged, device, limit)
-    paths.allreduce([torch.empty(limit // 4)], None)
-    paths.allreduce([torch.empty(limit // 4 + 1)], None)
-    assert staged.calls == ["allreduce"] and device.calls == ["allreduce"]
+    paths = BySize(staged, device, limits)
+    paths.allreduce([torch.empty((4 << 20) // 4)], None)
+    paths.allreduce([torch.empty((4 << 20) // 4 + 1)], None)
+    big = torch.empty(16 << 20)
+    paths.reduce_scatter_from(torch.empty((16 << 20) // 2), big, None)  # never faster on UCC there: staged
+    paths.reduce(big, 0, None)  # never timed on a GPU: staged
+    paths.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])  # uneven: UCC serves some all-to-all
+    assert staged.calls == ["allreduce", "reduce_scatter_from", "reduce"], staged.calls
+    assert device.calls == ["allreduce", "alltoall_single"], device.calls
+    always_staged = BySize(Recorder(), Recorder(), {**limits, "all_to_all": None})
+    always_staged.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])
+    assert always_staged.staged.calls == ["alltoall_single"], "uneven all-to-all on a path never chosen for it"
+    monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "64")
+    assert set(config.cuda_staged_limits(config._read()).values()) == {64}
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "0")
     assert config._read().cuda_staged_max_bytes == 0
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "1MiB")

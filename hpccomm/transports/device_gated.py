@@ -31,13 +31,16 @@ starts without one, and UCX and CUDA-aware MPIs touch device memory from the
 thread that progresses them.
 
 :class:`BySize` puts such a transport beside the staged path
-(``HostStagedTransport``): collectives up to ``HPCCOMM_CUDA_STAGED_MAX_BYTES``,
-and whatever the device transport cannot do, go through host memory.
+(``HostStagedTransport``): collectives up to their limit (measured on a GPU
+per collective, :data:`hpccomm.config.CUDA_STAGED_MAX_BYTES`, or
+``HPCCOMM_CUDA_STAGED_MAX_BYTES`` for all), and whatever the device transport
+cannot do, go through host memory.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,6 +50,11 @@ from . import Transport
 from .call_order import CallOrder
 from .device_ops import DeviceOps
 from .mpi_types import Reduction
+
+#: The collectives :class:`BySize` routes by size (the keys of ``HPCCOMM_CUDA_STAGED_MAX_BYTES``'s table).
+COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "all_to_all", "reduce_scatter", "reduce", "gather", "scatter")
+#: A limit no message reaches: through host memory at every size.
+_ALWAYS = sys.maxsize
 
 
 class GatedPending:
@@ -122,38 +130,52 @@ class GatedPending:
 
 
 class BySize(Transport):
-    """Device collectives up to ``staged_max_bytes`` through host memory, larger ones on device memory.
+    """Device collectives up to a limit per collective through host memory, larger ones on device memory.
 
     Every rank must choose the same path for one operation, so each choice
     rests on a size every rank sees alike: the tensor of an all-reduce,
     broadcast, reduce, gather or scatter, the (common) output of an all-gather
-    or input of a reduce-scatter. All-to-all (whose sizes differ by rank) goes
-    to device memory; barriers through host memory; point-to-point as
+    or input of a reduce-scatter, the tensor of an all-to-all whose pieces are
+    all one size (which, where every rank's are, is the same on every rank).
+    An all-to-all with pieces of several sizes (which differ by rank) goes to
+    device memory wherever device memory serves any all-to-all, else through
+    host memory; barriers through host memory; point-to-point as
     ``p2p_on_device`` says.
 
     Args:
         staged: the host-staged transport (owned: closed here).
         device: the transport on device memory (owned).
-        staged_max_bytes: the largest message that goes through host memory.
+        limits: the largest message that goes through host memory, one for
+            every collective, or per collective as
+            :func:`hpccomm.config.cuda_staged_limits` gives them (None: every size).
         host_reduced: dtypes whose reductions go through host memory at any
             size (the device transport cannot reduce them there).
         p2p_on_device: send and receive on ``device`` (else through host memory).
     """
 
     def __init__(
-        self, staged: Transport, device: Transport, staged_max_bytes: int,
+        self, staged: Transport, device: Transport, limits: int | Mapping[str, int | None],
         host_reduced: frozenset[torch.dtype] = frozenset(), p2p_on_device: bool = False,
     ) -> None:
         self.staged = staged
         self.device = device
-        self._limit = staged_max_bytes
+        chosen = dict.fromkeys(COLLECTIVES, limits) if isinstance(limits, int) else limits
+        #: Per collective, the largest message through host memory (sys.maxsize: every size).
+        self.limits = {name: _ALWAYS if chosen.get(name) is None else chosen[name] for name in COLLECTIVES}
+        self._limit = self.limits["all_reduce"]  # read directly on the hottest path
         self._host_reduced = host_reduced
         self._p2p = device if p2p_on_device else staged
 
-    def _by(self, nbytes: int, reduced: torch.dtype | None = None) -> Transport:
-        if nbytes <= self._limit or reduced in self._host_reduced:
+    def _by(self, collective: str, nbytes: int, reduced: torch.dtype | None = None) -> Transport:
+        if nbytes <= self.limits[collective] or reduced in self._host_reduced:
             return self.staged
         return self.device
+
+    def _by_pieces(self, sizes: Sequence[int], nbytes: int) -> Transport:
+        """An all-to-all's path: by ``nbytes`` where every piece is one size, else by whether any goes to device."""
+        if len(set(sizes)) <= 1:
+            return self._by("all_to_all", nbytes)
+        return self.staged if self.limits["all_to_all"] == _ALWAYS else self.device
 
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
         # One tensor's size read directly: sum() over a generator cost 4.2k of BySize's 4.5k instructions.
@@ -163,36 +185,40 @@ class BySize(Transport):
         return self.device.allreduce(tensors, reduction)
 
     def broadcast(self, tensor: torch.Tensor, root: int) -> Pending:
-        return self._by(tensor.nbytes).broadcast(tensor, root)
+        return self._by("broadcast", tensor.nbytes).broadcast(tensor, root)
 
     def reduce(self, tensor: torch.Tensor, root: int, reduction: Reduction) -> Pending:
-        return self._by(tensor.nbytes, tensor.dtype).reduce(tensor, root, reduction)
+        return self._by("reduce", tensor.nbytes, tensor.dtype).reduce(tensor, root, reduction)
 
     def allgather(self, outputs: Sequence[torch.Tensor], tensor: torch.Tensor) -> Pending:
-        return self._by(tensor.nbytes * len(outputs)).allgather(outputs, tensor)
+        return self._by("all_gather", tensor.nbytes * len(outputs)).allgather(outputs, tensor)
 
     def allgather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> Pending:
-        return self._by(output.nbytes).allgather_into(output, tensor)
+        return self._by("all_gather", output.nbytes).allgather_into(output, tensor)
 
     def gather(self, outputs: Sequence[torch.Tensor] | None, tensor: torch.Tensor, root: int) -> Pending:
-        return self._by(tensor.nbytes).gather(outputs, tensor, root)
+        return self._by("gather", tensor.nbytes).gather(outputs, tensor, root)
 
     def scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor] | None, root: int) -> Pending:
-        return self._by(output.nbytes).scatter(output, inputs, root)
+        return self._by("scatter", output.nbytes).scatter(output, inputs, root)
 
     def reduce_scatter(self, output: torch.Tensor, inputs: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
-        return self._by(sum(t.nbytes for t in inputs), output.dtype).reduce_scatter(output, inputs, reduction)
+        return self._by("reduce_scatter", sum(t.nbytes for t in inputs), output.dtype).reduce_scatter(
+            output, inputs, reduction
+        )
 
     def reduce_scatter_from(self, output: torch.Tensor, tensor: torch.Tensor, reduction: Reduction) -> Pending:
-        return self._by(tensor.nbytes, tensor.dtype).reduce_scatter_from(output, tensor, reduction)
+        return self._by("reduce_scatter", tensor.nbytes, tensor.dtype).reduce_scatter_from(output, tensor, reduction)
 
     def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
-        return self.device.alltoall(outputs, inputs)
+        sizes = [t.nbytes for t in (*inputs, *outputs)]
+        return self._by_pieces(sizes, sum(t.nbytes for t in inputs)).alltoall(outputs, inputs)
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
     ) -> Pending:
-        return self.device.alltoall_single(output, tensor, output_counts, input_counts)
+        path = self._by_pieces([*output_counts, *input_counts], tensor.nbytes)
+        return path.alltoall_single(output, tensor, output_counts, input_counts)
 
     def barrier(self) -> Pending:
         return self.staged.barrier()

@@ -2,10 +2,14 @@
 
 ``auto`` (the default) routes host tensors to MPI and, where torch sees a
 GPU, CUDA tensors to UCC on device memory (:mod:`~hpccomm.transports.ucc_cuda`)
-where hpccomm's UCC has CUDA, else to MPI on device memory
-(:mod:`~hpccomm.transports.mpi_cuda`) where the MPI is CUDA-aware, else
-through host memory (``staged``: :mod:`~hpccomm.transports.host_staged`);
-on device memory, small collectives still go through host memory.
+where hpccomm's UCC has CUDA, else through host memory (``staged``:
+:mod:`~hpccomm.transports.host_staged`); on device memory, each collective
+still goes through host memory up to the size a GPU run measured it faster
+there (:data:`hpccomm.config.CUDA_STAGED_MAX_BYTES`). ``auto`` sends CUDA
+tensors only where a GPU run showed them correct and faster: a CUDA-aware MPI
+(:mod:`~hpccomm.transports.mpi_cuda`) has never run on one (the GPU machine's
+MPI is not CUDA-aware), so it serves CUDA tensors only when chosen
+(``HPCCOMM_TRANSPORT=cuda:mpi``).
 ``ucc`` forces UCC for host tensors too: testable on any machine, and usable
 where UCC's host collectives beat MPI. The choice is logged once per process
 (logger ``hpccomm``, level INFO), with UCC's version and library paths when
@@ -17,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ..config import settings
+from ..config import cuda_staged_limits, settings
 
 if TYPE_CHECKING:
     from ..ucc import UCCStatus
@@ -27,7 +31,7 @@ _logger = logging.getLogger("hpccomm")
 #: The devices each transport can carry today (``staged`` only where torch sees a GPU: see _serves).
 _SERVES = {"mpi": ("cpu", "cuda"), "ucc": ("cpu", "cuda"), "staged": ("cuda",)}
 #: What ``auto`` picks per device, best first.
-_AUTO = {"cpu": ("mpi",), "cuda": ("ucc", "mpi", "staged")}
+_AUTO = {"cpu": ("mpi",), "cuda": ("ucc", "staged")}
 
 _routes: dict[str, str] | None = None
 
@@ -160,9 +164,23 @@ def _require_ucc(device: str, ucc: UCCStatus | None) -> None:
         raise RuntimeError(f"hpccomm: HPCCOMM_TRANSPORT routes {device} tensors to UCC, but {reason}")
 
 
-def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
+def _staged_limits() -> str:
+    """Which CUDA collectives go through host memory, and up to what size, as the start-up line says it."""
     limit = settings.cuda_staged_max_bytes
-    small = f"collectives up to {limit} bytes, " if limit else ""
+    if limit is not None:
+        return f"collectives up to {limit} bytes, " if limit else ""
+    limits = cuda_staged_limits()
+    sized = ", ".join(f"{op} {_mib(n)}" for op, n in limits.items() if n is not None)
+    always = ", ".join(op for op, n in limits.items() if n is None)
+    return f"collectives up to their measured limits ({sized}; {always} at every size), "
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes and nbytes % (1 << 20) == 0 else f"{nbytes} bytes"
+
+
+def _details(name: str, device: str, ucc: UCCStatus | None) -> str:
+    small = _staged_limits()
     if device == "cuda" and name == "mpi":
         return f" (CUDA-aware) on device memory, host-gated; {small}16-bit float reductions staged through host memory"
     if device == "cuda" and name == "staged":

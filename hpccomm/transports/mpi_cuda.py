@@ -24,7 +24,7 @@ run on device memory.
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -158,7 +158,9 @@ class MPICudaTransport(WrappingTransport):
         self.inner.close(in_flight or len(self.order) > 0)
 
 
-def cuda_transport(comm: Any, staged: Transport, ops: DeviceOps, device: torch.device, staged_max_bytes: int) -> BySize:
+def cuda_transport(
+    comm: Any, staged: Transport, ops: DeviceOps, device: torch.device, staged_max_bytes: int | Mapping[str, int | None],
+) -> BySize:
     """The group's CUDA transport on a CUDA-aware MPI, host memory up to ``staged_max_bytes``.
 
     Args:
@@ -166,7 +168,8 @@ def cuda_transport(comm: Any, staged: Transport, ops: DeviceOps, device: torch.d
         staged: the group's host-staged transport (handed over).
         ops: the device's streams and events.
         device: the group's device.
-        staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
+        staged_max_bytes: per collective, or one for all (:func:`hpccomm.config.cuda_staged_limits`; measured
+            for UCC: no GPU run has timed this path).
     """
     on_device = MPICudaTransport(comm, ops, device)
     return BySize(staged, on_device, staged_max_bytes, host_reduced=HOST_REDUCED, p2p_on_device=True)

@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -327,7 +327,8 @@ class TriggeredPending:
 
 def cuda_transport(
     comm: Any, global_ranks: Sequence[int], timeout_s: float, staged: Transport, ops: DeviceOps,
-    device: torch.device, staged_max_bytes: int, triggered: bool = False, in_place: str = "scratch",
+    device: torch.device, staged_max_bytes: int | Mapping[str, int | None], triggered: bool = False,
+    in_place: str = "scratch",
 ) -> BySize:
     """The group's CUDA transport: UCC on device memory, host memory up to ``staged_max_bytes``. Collective.
 
@@ -338,7 +339,7 @@ def cuda_transport(
         staged: the group's host-staged transport (handed over).
         ops: the device's streams and events.
         device: the group's device.
-        staged_max_bytes: ``HPCCOMM_CUDA_STAGED_MAX_BYTES``.
+        staged_max_bytes: per collective, or one for all (:func:`hpccomm.config.cuda_staged_limits`).
         triggered: ``HPCCOMM_UCC_TRIGGERED``.
         in_place: ``HPCCOMM_UCC_IN_PLACE``.
     """

@@ -56,12 +56,12 @@ if PATH == "ucc":
         world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE, torch.device("cpu"),
         in_place=settings.ucc_in_place,
     )
-    TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0)
+    TRANSPORT = BySize(STAGED, GATED, limits=0)
 elif PATH == "mpi":
     from hpccomm.transports.mpi_cuda import HOST_REDUCED, MPICudaTransport
 
     GATED = MPICudaTransport(world.mpi().COMM_WORLD.Dup(), DEVICE, torch.device("cpu"))
-    TRANSPORT = BySize(STAGED, GATED, staged_max_bytes=0, host_reduced=HOST_REDUCED, p2p_on_device=True)
+    TRANSPORT = BySize(STAGED, GATED, limits=0, host_reduced=HOST_REDUCED, p2p_on_device=True)
 else:
     TRANSPORT = STAGED
 _seq = 0

@@ -108,6 +108,19 @@ class FakeDevice:
                     return
             self._stopped.wait(0.001)
 
+    def stall(self, stream: FakeStream) -> Callable[[], None]:
+        """Queue a kernel on ``stream`` that runs until the returned function is called (what was queued before runs)."""
+        with self._lock:
+            self._events += 1
+            finished = FakeEvent(f"long kernel #{self._events}")
+
+        def finish() -> None:
+            finished.done = True
+            self._ran_on_demand()
+
+        self._queue(stream, ("wait", finished))
+        return finish
+
     def launch(self, stream: FakeStream, fn: Callable[[], None]) -> None:
         """Queue ``fn`` on ``stream`` (a kernel the caller launched)."""
         self._queue(stream, ("call", fn))

@@ -280,6 +280,23 @@ def complete_only_once_the_results_have_landed() -> None:
     assert threading.get_ident() in DEVICE.bound_threads or not GATED_PATH, DEVICE.bound_threads
 
 
+@check
+def wait_returns_while_a_kernel_queued_after_the_call_still_runs() -> None:
+    # On an H100 work.wait() of an async all-reduce returned only once a kernel the caller queued after
+    # the call had ended (UCC's first-use allocations waited for it: hpccomm/transports/ucc_cuda.py, settle).
+    # hpccomm's own part: nothing of the operation, its copies back included, waits on the caller's stream
+    # after the call. The long kernel, queued on the caller's stream right after the call, ends after wait().
+    x = torch.arange(8, dtype=torch.float32).view(2, 4).t() + RANK  # not contiguous: a stand-in and its copy back
+    expected = torch.arange(8, dtype=torch.float32).view(2, 4).t() * SIZE + sum(range(SIZE))
+    work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 20.0)
+    finish_kernel = DEVICE.stall(DEVICE.user)  # queued after the call: the stream cannot pass it until finished
+    try:
+        work.wait()
+        assert torch.equal(x, expected), x
+    finally:
+        finish_kernel()
+
+
 class LazyTeamLayer:
     """A team layer that sets itself up inside the team's first ``ucc_collective_init``, stood in for on host memory.
 

@@ -152,8 +152,8 @@ class Config:
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
             collectives on an execution engine on the group's side stream
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
-            instead of once the host sees the inputs ready. Experimental: it
-            has not run on a GPU.
+            instead of once the host sees the inputs ready. It hangs on a GPU:
+            on an H100 (2026-11-27) its first all-reduce never ended.
         ucc_in_place: ``HPCCOMM_UCC_IN_PLACE``: how UCC runs a reduction into
             the caller's CUDA tensor (all-reduce, reduce at the root):
             ``scratch`` reduces out of place into a buffer the group keeps

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import __version__, world
-from ..config import Config, settings
+from ..config import Config, cuda_staged_limits, settings
 
 #: CPU flags (as /proc/cpuinfo names them) each 16-bit kernel path relies on.
 HALF_PATH_FEATURES = {
@@ -192,6 +192,10 @@ def knobs() -> list[dict[str, str]]:
         value = getattr(settings, item.name)
         if item.name == "transports":
             value = ",".join(f"{device}:{name}" for device, name in value)
+        elif item.name == "cuda_staged_max_bytes" and value is None:
+            value = "per collective: " + ",".join(
+                f"{op}={'all' if limit is None else limit}" for op, limit in cuda_staged_limits().items()
+            )
         source = "environment" if os.environ.get(variable, "") != "" else "default"
         rows.append({"variable": variable, "value": str(value), "source": source})
     for variable in sorted(os.environ):

@@ -36,15 +36,16 @@ blocking call's stream then waits on a fence after them; the host still
 polls UCC's requests until they end (no other thread would progress them).
 UCC reports such a request ``UCC_OPERATION_INITIALIZED`` until the stream
 has reached it: "not done", as :class:`~hpccomm.ucc.Request` reads it. Off by
-default: it has not run on a GPU.
+default: on an H100 (2026-11-27) its first all-reduce never ended, UCC's
+persistent executor started on the side stream of both ranks (under MPS too,
+and with the executor's stream tasks as kernels); the cause is not known.
 
 Tested without a GPU, with the tests' simulated device: every operation over
 real UCC on host memory, in place through the scratch and through UCC's flag
 (``tests/test_ucc_cuda.py``), the ordering and the scratch with scripted
 requests (``tests/test_device_gated.py``, ``tests/test_scratch.py``); the
-INITIALIZED status over real UCC (``tests/ranks/ucc_binding.py``). The
-triggered posts have not run since that status was read right: UCC's
-execution engines need CUDA.
+INITIALIZED status over real UCC (``tests/ranks/ucc_binding.py``). On a GPU:
+``tests/gpu`` and the acceptance run (``tests/gpu/acceptance.sh``).
 """
 
 from __future__ import annotations

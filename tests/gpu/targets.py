@@ -385,21 +385,16 @@ def benchmark_failures(compare: Any) -> list[str]:
 def failures(out: Path) -> list[str]:
     """The "What failed or hung" section: each tests/gpu pass, each diag-*.txt, the benchmark."""
     lines = []
-    for n in (1, 2):
-        log = read_log(out / f"pytest-{n}.txt")
-        if log is None or log.skipped:
-            lines.append(f"- pass {n}: no log (did not run)")
-            continue
-        found = log_failures(log)
-        lines.append(f"- pass {n} ({log.name}): " + ("" if found else "nothing failed or hung"))
-        lines += found
-    for path in sorted(out.glob("diag-*.txt")):
+    logs = [(out / f"pytest-{n}.txt", f"pass {n}", "no log (did not run)") for n in (1, 2)]
+    logs += [(path, path.name, "did not run") for path in sorted(out.glob("diag-*.txt"))]
+    for path, what, missing in logs:
         log = read_log(path)
         if log is None or log.skipped:
-            lines.append(f"- {path.name}: did not run")
+            lines.append(f"- {what}: {missing}")
             continue
         found = log_failures(log)
-        lines.append(f"- {path.name}: " + ("" if found else "nothing failed or hung"))
+        where = f" ({log.name})" if what.startswith("pass") else ""
+        lines.append(f"- {what}{where}: " + ("" if found else "nothing failed or hung"))
         lines += found
     lines += benchmark_failures(load_json(out / "compare.json"))
     return [line.rstrip() for line in lines]

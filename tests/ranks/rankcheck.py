@@ -82,12 +82,14 @@ class Watchdog:
 def run_all(rank: int, only: str | None = None) -> None:
     """Run the registered checks (those whose name contains ``only``) and exit.
 
-    Each check is bounded by ``RANKCHECK_LIMIT_S`` where it is set (:class:`Watchdog`).
+    Each check is bounded by ``RANKCHECK_LIMIT_S`` where it is set (:class:`Watchdog`);
+    ``RANKCHECK_REPEAT=N`` runs the selection N times over (a timing loop in one job).
     """
     failures = 0
     ran = 0
     limit_s = float(os.environ.get("RANKCHECK_LIMIT_S", "0"))
-    for name, fn in _checks:
+    repeat = int(os.environ.get("RANKCHECK_REPEAT", "1"))
+    for name, fn in _checks * repeat:
         if only and only not in name:
             continue
         ran += 1

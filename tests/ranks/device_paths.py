@@ -127,6 +127,7 @@ def the_scratch_is_reused_and_each_operation_in_flight_has_its_own() -> None:
     scratch = getattr(GATED, "scratch", None) if GATED_PATH else None
     if scratch is None:
         return  # staged, a CUDA-aware MPI, or UCC in place
+    scratch.close()  # from no buffers, whatever ran before (RANKCHECK_REPEAT)
     x = torch.full((1000,), float(RANK))
     done(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)))
     held = scratch.nbytes
@@ -140,11 +141,13 @@ def the_scratch_is_reused_and_each_operation_in_flight_has_its_own() -> None:
     DEVICE.hold(DEVICE.side)
     tensors = [torch.full((1000,), float(RANK + i)) for i in range(3)]
     works = [HpcWork(TRANSPORT.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0) for t in tensors]
-    time.sleep(0.2)
-    assert scratch.nbytes == 3 * held, (scratch.nbytes, held)
-    DEVICE.release(DEVICE.side)
-    for work in works:
-        work.wait()
+    try:
+        time.sleep(0.2)
+        assert scratch.nbytes == 3 * held, (scratch.nbytes, held)
+    finally:
+        DEVICE.release(DEVICE.side)
+        for work in works:
+            work.wait()
     for i, t in enumerate(tensors):
         assert t.tolist() == [ranks_sum(float(i))] * 1000, (i, t[:3])
 

@@ -337,15 +337,15 @@ class LazyTeamLayer:
 
 @check
 def a_rank_alone_in_a_collective_times_out_where_a_team_layer_sets_up_lazily() -> None:
-    if PATH != "ucc":
-        return
+    if PATH != "ucc" or not LATE:
+        return  # once per CI run: with the device that lags as a GPU does
 
     with LazyTeamLayer():
         lone = UCCCudaTransport.for_group(world.mpi().COMM_WORLD.Dup(), range(SIZE), 3.0, STAGED, DEVICE,
                                           torch.device("cpu"), in_place=settings.ucc_in_place)
         if RANK == 0:  # the others skip it
             x = torch.ones(4)
-            work = HpcWork(lone.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 3.0)
+            work = HpcWork(lone.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 1.0)
             expect_error(RuntimeError, "Timed out", work.wait)
     lone.close(in_flight=RANK == 0)
     dist.barrier()

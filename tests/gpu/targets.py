@@ -331,6 +331,8 @@ def table(out: Path) -> str:
         others = {op: entry.get("threshold") for op, entry in compare.get("ops", {}).items() if op != "all_reduce"}
         if others:
             lines.append("Staged beat UCC up to (bytes): " + ", ".join(f"{op} {limit}" for op, limit in others.items()))
+    if (out / "mps-compare.json").exists() or (out / "mps-perftest-oop.txt").exists():
+        lines.append("Every number above ran with MPS off; the same measured with MPS on is in report.md.")
     lines += ["", "## What failed or hung", "", *failures(out)]
     return "\n".join(lines)
 

@@ -70,16 +70,18 @@ def _choice(name: str, choices: tuple[str, ...]) -> str:
 #: 2 ranks without MPS, torch 2.11, UCC 1.8.0 with tl/nccl kept out; benchmarks/cuda_allreduce.py --compare,
 #: 4 B to 64 MiB), each the largest size measured at which the staged path beat UCC's: all-reduce 1,147 against
 #: 1,285 us at 4 MiB, UCC from 16 MiB (1,353 against 4,857 us); all-gather 4.9 against 5.1 ms at 16 MiB, UCC at
-#: 64 MiB (19.7 against 21.7 ms); broadcast 2.8 against 3.6 ms at 16 MiB, UCC at 64 MiB (14.6 against 17.0);
-#: all-to-all 0.72 against 0.88 ms at 2 MiB, UCC from 4 MiB (0.82 against 1.27 ms). UCC never beat the staged
-#: path at reduce-scatter (16.3 against 19.5 ms at 64 MiB); reduce, gather and scatter have not been timed on a
-#: GPU. The UCC path passed tests/gpu four times in two runs that day. With one GPU per rank (no context
-#: switches between ranks, tl/nccl in the team) UCC's side gains most: measure there and set the variable.
+#: 64 MiB (19.7 against 21.7 ms); broadcast 2.8 against 3.6 ms at 16 MiB, UCC at 64 MiB (14.6 against 17.0).
+#: UCC never beat the staged path at reduce-scatter (16.3 against 19.5 ms at 64 MiB); reduce, gather and scatter
+#: have not been timed on a GPU. An all-to-all has no size every rank sees alike (each rank's pieces are its
+#: own), so it takes one path at every size (BySize): UCC (0), 1.6-25x faster than staging from 4 MiB (0.82
+#: against 1.27 ms; 1.02 against 25.6 ms at 64 MiB), 1.2-4.9x slower below. The UCC path passed tests/gpu four
+#: times in two runs that day. With one GPU per rank (no context switches between ranks, tl/nccl in the team)
+#: UCC's side gains most: measure there and set the variable.
 CUDA_STAGED_MAX_BYTES: dict[str, int | None] = {
     "all_reduce": 4 << 20,
     "all_gather": 16 << 20,
     "broadcast": 16 << 20,
-    "all_to_all": 2 << 20,
+    "all_to_all": 0,
     "reduce_scatter": None,
     "reduce": None,
     "gather": None,
@@ -144,9 +146,10 @@ class Config:
             CUDA-aware MPI's 16-bit float reductions; UCC's point-to-point
             is staged too). Unset (None), each collective has its own limit,
             measured on a GPU (:data:`CUDA_STAGED_MAX_BYTES`: all-reduce
-            4 MiB, all-gather and broadcast 16 MiB, all-to-all 2 MiB,
-            reduce-scatter, reduce, gather and scatter always staged; one
-            H100 shared by 2 ranks, 2026-11-27); ``python
+            4 MiB, all-gather and broadcast 16 MiB, all-to-all on UCC at
+            every size (it has no size every rank shares), reduce-scatter,
+            reduce, gather and scatter always staged; one H100 shared by 2
+            ranks, 2026-11-27); ``python
             benchmarks/cuda_allreduce.py --compare`` measures them on the
             machine at hand.
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA

@@ -228,17 +228,18 @@ def test_collectives_go_by_a_size_every_rank_sees_alike_and_point_to_point_is_st
     paths.reduce_scatter_from(torch.zeros(8), torch.zeros(16), None)  # input 64 bytes
     paths.gather(None, large, 0)  # a non-root passes no outputs: the tensor decides
     paths.scatter(small, None, 0)
-    paths.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])  # sizes differ by rank: device memory
-    paths.alltoall_single(torch.zeros(16), torch.zeros(16), [8, 8], [8, 8])  # even: every rank 64 bytes
-    paths.alltoall_single(torch.zeros(18), torch.zeros(18), [9, 9], [9, 9])  # even: every rank 72 bytes
-    paths.alltoall([torch.zeros(8), torch.zeros(8)], [torch.zeros(8), torch.zeros(8)])  # even, 64 bytes
+    # All-to-all has no size every rank shares: at 3 ranks, rank 0's pieces can all be one size ([1, 1, 1])
+    # while rank 1's are [1, 1, 5]; a choice by size would split them between paths. One path at every size.
+    paths.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])
+    paths.alltoall_single(torch.zeros(16), torch.zeros(16), [8, 8], [8, 8])  # 64 bytes, even: still device memory
+    paths.alltoall([torch.zeros(8), torch.zeros(8)], [torch.zeros(8), torch.zeros(8)])
     paths.barrier()
     paths.send(large, 1, 0)
     paths.recv(large, None, 0)
     assert staged.calls == ["allreduce", "broadcast", "allgather", "reduce_scatter_from", "scatter",
-                            "alltoall_single", "alltoall", "barrier", "send", "recv"]
+                            "barrier", "send", "recv"]
     assert ucc.calls == ["allreduce", "allreduce", "reduce", "allgather_into", "gather", "alltoall_single",
-                         "alltoall_single"]
+                         "alltoall_single", "alltoall"]
 
 
 def test_zero_sends_every_collective_to_device_memory():
@@ -278,12 +279,12 @@ def test_the_staged_limits_are_measured_per_collective_and_the_setting_overrides
     big = torch.empty(16 << 20)
     paths.reduce_scatter_from(torch.empty((16 << 20) // 2), big, None)  # never faster on UCC there: staged
     paths.reduce(big, 0, None)  # never timed on a GPU: staged
-    paths.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])  # uneven: UCC serves some all-to-all
+    paths.alltoall_single(torch.zeros(2), torch.zeros(2), [1, 1], [1, 1])  # 8 bytes: UCC, at every size
     assert staged.calls == ["allreduce", "reduce_scatter_from", "reduce"], staged.calls
     assert device.calls == ["allreduce", "alltoall_single"], device.calls
     always_staged = BySize(Recorder(), Recorder(), {**limits, "all_to_all": None})
-    always_staged.alltoall_single(torch.zeros(3), torch.zeros(3), [1, 2], [2, 1])
-    assert always_staged.staged.calls == ["alltoall_single"], "uneven all-to-all on a path never chosen for it"
+    always_staged.alltoall_single(torch.zeros(1 << 20), torch.zeros(1 << 20), [1 << 19] * 2, [1 << 19] * 2)
+    assert always_staged.staged.calls == ["alltoall_single"], "an all-to-all on a path never chosen for it"
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "64")
     assert set(config.cuda_staged_limits(config._read()).values()) == {64}
     monkeypatch.setenv("HPCCOMM_CUDA_STAGED_MAX_BYTES", "0")

@@ -135,11 +135,10 @@ class BySize(Transport):
     Every rank must choose the same path for one operation, so each choice
     rests on a size every rank sees alike: the tensor of an all-reduce,
     broadcast, reduce, gather or scatter, the (common) output of an all-gather
-    or input of a reduce-scatter, the tensor of an all-to-all whose pieces are
-    all one size (which, where every rank's are, is the same on every rank).
-    An all-to-all with pieces of several sizes (which differ by rank) goes to
-    device memory wherever device memory serves any all-to-all, else through
-    host memory; barriers through host memory; point-to-point as
+    or input of a reduce-scatter. An all-to-all has no such size (even one
+    rank's pieces all of one size say nothing of another rank's), so its path
+    is the same at every size: device memory, unless its limit is None
+    (through host memory). Barriers go through host memory; point-to-point as
     ``p2p_on_device`` says.
 
     Args:
@@ -163,6 +162,7 @@ class BySize(Transport):
         #: Per collective, the largest message through host memory (sys.maxsize: every size).
         self.limits = {name: _ALWAYS if chosen.get(name) is None else chosen[name] for name in COLLECTIVES}
         self._limit = self.limits["all_reduce"]  # read directly on the hottest path
+        self._all_to_all = staged if self.limits["all_to_all"] == _ALWAYS else device
         self._host_reduced = host_reduced
         self._p2p = device if p2p_on_device else staged
 
@@ -170,12 +170,6 @@ class BySize(Transport):
         if nbytes <= self.limits[collective] or reduced in self._host_reduced:
             return self.staged
         return self.device
-
-    def _by_pieces(self, sizes: Sequence[int], nbytes: int) -> Transport:
-        """An all-to-all's path: by ``nbytes`` where every piece is one size, else by whether any goes to device."""
-        if len(set(sizes)) <= 1:
-            return self._by("all_to_all", nbytes)
-        return self.staged if self.limits["all_to_all"] == _ALWAYS else self.device
 
     def allreduce(self, tensors: Sequence[torch.Tensor], reduction: Reduction) -> Pending:
         # One tensor's size read directly: sum() over a generator cost 4.2k of BySize's 4.5k instructions.
@@ -211,14 +205,12 @@ class BySize(Transport):
         return self._by("reduce_scatter", tensor.nbytes, tensor.dtype).reduce_scatter_from(output, tensor, reduction)
 
     def alltoall(self, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> Pending:
-        sizes = [t.nbytes for t in (*inputs, *outputs)]
-        return self._by_pieces(sizes, sum(t.nbytes for t in inputs)).alltoall(outputs, inputs)
+        return self._all_to_all.alltoall(outputs, inputs)
 
     def alltoall_single(
         self, output: torch.Tensor, tensor: torch.Tensor, output_counts: Sequence[int], input_counts: Sequence[int]
     ) -> Pending:
-        path = self._by_pieces([*output_counts, *input_counts], tensor.nbytes)
-        return path.alltoall_single(output, tensor, output_counts, input_counts)
+        return self._all_to_all.alltoall_single(output, tensor, output_counts, input_counts)
 
     def barrier(self) -> Pending:
         return self.staged.barrier()

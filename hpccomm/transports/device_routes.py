@@ -170,7 +170,7 @@ def _staged_limits() -> str:
     if limit is not None:
         return f"collectives up to {limit} bytes, " if limit else ""
     limits = cuda_staged_limits()
-    sized = ", ".join(f"{op} {_mib(n)}" for op, n in limits.items() if n is not None)
+    sized = ", ".join(f"{op} {_mib(n)}" for op, n in limits.items() if n)
     always = ", ".join(op for op, n in limits.items() if n is None)
     return f"collectives up to their measured limits ({sized}; {always} at every size), "
 

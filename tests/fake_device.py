@@ -26,6 +26,7 @@ runs on a GPU only (tests/gpu).
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -71,8 +72,6 @@ class FakeDevice:
         #: Per thread, the stream whose queued function the thread is running: then its current stream.
         self._running = threading.local()
         self.late = late
-        self._engine: threading.Thread | None = None
-        self._stopped = threading.Event()
 
     # -- test controls ------------------------------------------------------------------
 
@@ -85,19 +84,13 @@ class FakeDevice:
         self._ran_on_demand()
 
     def start(self, period_s: float = 0.001) -> None:
-        """Run the streams every ``period_s`` from a thread of the device's, as a GPU runs its queues."""
+        """Run the streams every ``period_s`` from a thread of the device's (for the process's life), as a GPU does."""
         def engine() -> None:
-            while not self._stopped.wait(period_s):
+            while True:
+                time.sleep(period_s)
                 self.run()
 
-        self._engine = threading.Thread(target=engine, name="fake-device", daemon=True)
-        self._engine.start()
-
-    def stop(self) -> None:
-        """End :meth:`start`'s thread."""
-        self._stopped.set()
-        if self._engine is not None:
-            self._engine.join()
+        threading.Thread(target=engine, name="fake-device", daemon=True).start()
 
     def synchronize(self) -> None:
         """Run until every stream is empty, as ``torch.cuda.synchronize()`` waits (a held stream never empties)."""
@@ -106,7 +99,7 @@ class FakeDevice:
             with self._lock:
                 if not any(stream.tasks for stream in (self.user, self.side)):
                     return
-            self._stopped.wait(0.001)
+            time.sleep(0.001)
 
     def stall(self, stream: FakeStream) -> Callable[[], None]:
         """Queue a kernel on ``stream`` that runs until the returned function is called (what was queued before runs)."""

@@ -166,7 +166,7 @@ class UCCCudaTransport(UCCTransport):
             raise
         return transport
 
-    def settle(self, timeout_s: float, departed: Callable[[], str | None] = lambda: None) -> None:
+    def settle(self, timeout_s: float, departed: Callable[[], str | None]) -> None:
         """All-reduces on the group's device memory while every rank is here building the group. Collective.
 
         A team layer that finishes its set-up in its first collective's

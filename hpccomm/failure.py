@@ -23,6 +23,15 @@ MPI finalises: a pending send to a rank that already left can hang
 ``MPI_Finalize``. Between the two, the steps given to :func:`after_goodbye`
 run: teardowns that wait for the other ranks (UCC's), which must not keep
 this rank's goodbye from the others and must still learn of ranks that leave.
+
+Where torch's flight recorder is to be written on failure
+(:mod:`hpccomm.flight_recorder`), a rank that aborts the job first writes its
+record, then says goodbye with a word that asks each other rank for theirs:
+a rank writes its record as it collects that goodbye (any wait on an hpccomm
+operation does, every few polls) and answers that it has. The aborting rank
+waits for every answer, from ranks that have not left, for at most torch's
+bound on a dump (``TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC``); a rank busy outside
+hpccomm answers only then, if at all.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .world import GOODBYE_TAG, Identity, control, mpi, mpi_world_ranks, on_identity
+from . import flight_recorder
+from .world import GOODBYE_TAG, RECORDED_TAG, Identity, control, mpi, mpi_world_ranks, on_identity
 
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
 #: which an abort would otherwise cut off.
@@ -64,6 +74,13 @@ _inbox: dict[int, tuple[Any, bytearray]] = {}
 #: caller both check for departed peers.
 _inbox_lock = threading.Lock()
 _after_goodbye: list[Callable[[], None]] = []
+#: What a goodbye says: this rank leaves; or it leaves failing, and asks for each rank's flight record first.
+_LEAVING = b"\x01"
+_FAILING = b"\x02"
+#: Set once this rank's goodbyes are out (each peer gets exactly one).
+_goodbyes_sent = False
+#: This rank's answers to failing ranks that asked for its flight record: sends to complete before exit.
+_answers: list[Any] = []
 
 
 class PeerExitedError(RuntimeError):
@@ -83,7 +100,7 @@ def install(rank: int, world_size: int) -> None:
             buf = bytearray(1)
             _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, GOODBYE_TAG), buf)
     sys.excepthook = _aborting_hook(sys.excepthook)
-    atexit.register(_say_goodbye, world_size)
+    atexit.register(_say_goodbye)
 
 
 def _arm(identity: Identity) -> None:
@@ -117,6 +134,7 @@ def _aborting_hook(previous: Any) -> Any:
         err.write(f"hpccomm: rank {_rank}: uncaught {kind.__name__}: {value}; aborting the job\n")
         err.flush()
         sys.stdout.flush()
+        _gather_records()
         time.sleep(_FLUSH_S)
         _exit_unless_aborted_within(_ABORT_WAIT_S)
         mpi().COMM_WORLD.Abort(1)
@@ -134,18 +152,52 @@ def _exit_unless_aborted_within(seconds: int) -> None:
     signal.alarm(seconds)
 
 
-def _say_goodbye(world_size: int) -> None:
+def _send_goodbyes(word: bytes) -> list[Any]:
+    """Post this rank's goodbye to every other rank (once per process); the sends."""
+    global _goodbyes_sent
     MPI = mpi()
-    if MPI.Is_finalized():
-        return
-    token = bytearray(b"\x01")
+    if _goodbyes_sent:
+        return []
+    _goodbyes_sent = True
+    token = bytearray(word)
     sends = []
-    for peer in range(world_size):
+    for peer in range(_control.Get_size()):
         if peer != _rank:
             try:
                 sends.append(_control.Isend((token, MPI.BYTE), peer, GOODBYE_TAG))
             except MPI.Exception:
                 pass  # fault-tolerant mode: the peer died
+    return sends
+
+
+def _gather_records() -> None:
+    """Before aborting the job: write this rank's flight record, and have every rank still here write theirs.
+
+    Each rank answers once written (:func:`_test_inbox`); the wait ends when all
+    have, or have left, or after torch's bound on a dump.
+    """
+    if _control is None or _goodbyes_sent or not flight_recorder.enabled():
+        return
+    flight_recorder.write(_rank)
+    MPI = mpi()
+    answers = {}
+    for peer in range(_control.Get_size()):
+        if peer != _rank:  # posted before the asks, so every answer finds its receive
+            answers[peer] = _control.Irecv((bytearray(1), MPI.BYTE), peer, RECORDED_TAG)
+    _send_goodbyes(_FAILING)
+    deadline = time.monotonic() + flight_recorder.wait_s()
+    while answers and time.monotonic() < deadline:
+        _collect_goodbyes()  # answers others that ask too; learns who has left
+        answers = {peer: request for peer, request in answers.items() if not _ended(request) and peer not in _departed}
+        time.sleep(0.001)
+    # MPI_Abort follows, which ends whatever is still pending.
+
+
+def _say_goodbye() -> None:
+    MPI = mpi()
+    if MPI.Is_finalized():
+        return
+    sends = _send_goodbyes(_LEAVING) + _answers
     deadline = time.monotonic() + _GOODBYE_WAIT_S
     while sends and time.monotonic() < deadline:
         sends = [request for request in sends if not _ended(request)]
@@ -216,10 +268,15 @@ def _test_inbox() -> None:
     except MPI.Exception:
         arrived = _test_each()
     now = time.monotonic()
+    asking = []
     for peer in arrived:
-        del _inbox[peer]
+        if bytes(_inbox.pop(peer)[1]) == _FAILING:
+            asking.append(peer)
         _departed.add(peer)
         _first_seen.setdefault(peer, now)
+    if asking and flight_recorder.write(_rank):
+        for peer in asking:  # the asking rank waits for this word before it aborts the job
+            _answers.append(_control.Isend((bytearray(_LEAVING), MPI.BYTE), peer, RECORDED_TAG))
 
 
 def _test_each() -> list[int]:

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from . import callbacks, failure
+from . import callbacks, failure, flight_recorder
 from .tracing import untraced
 
 # Poll this many times between clock reads: reading the clock costs more
@@ -141,8 +141,17 @@ def check_abandoned(label: Label) -> None:
         )
 
 
-def timeout_error(label: Label, waited_s: float) -> CommTimeoutError:
-    """The error for an operation that did not complete within ``waited_s``."""
+def timeout_error(label: Label, waited_s: float, final: bool = True) -> CommTimeoutError:
+    """The error for an operation that did not complete within ``waited_s``.
+
+    Args:
+        final: the operation ends with it (its group timeout passed), so this
+            rank's flight record is written, as NCCL writes its record on a
+            timeout; False for a caller's own shorter wait, after which the
+            operation goes on.
+    """
+    if final:
+        flight_recorder.write()
     waited_ms = max(1, round(waited_s * 1000))
     return CommTimeoutError(
         f"hpccomm {describe(label)}: Timed out waiting {waited_ms}ms for it to complete; "
@@ -328,8 +337,8 @@ class HpcWork(dist.Work):
     def _settle_future(self, future: Future) -> None:
         future.set_result(self._outputs if self._error is None else _Failed(self._error))
 
-    def _timeout_error(self, waited_s: float) -> CommTimeoutError:
-        return timeout_error(self._label, waited_s)
+    def _timeout_error(self, waited_s: float, final: bool = True) -> CommTimeoutError:
+        return timeout_error(self._label, waited_s, final)
 
     # -- torch.distributed.Work API ---------------------------------------
 
@@ -369,7 +378,7 @@ class HpcWork(dist.Work):
         elif limit >= self._deadline:
             self._complete(self._timeout_error(self._timeout_s))
         else:
-            raise self._timeout_error(waited)
+            raise self._timeout_error(waited, final=False)
 
     def is_completed(self) -> bool:
         return self.poll()

@@ -7,6 +7,7 @@ import sys
 
 import mpi_library
 import torch
+import torch.distributed as dist
 from launch import run_ranks
 
 SECTIONS = ("== versions", "== MPI", "== paths", "== launcher", "== topology", "== settings")
@@ -18,7 +19,8 @@ def info_alone(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_info_without_a_launcher():
-    proc = info_alone(env={"HPCCOMM_SHM_MIN_BYTES": "12345", "HPCCOMM_NO_SUCH_KNOB": "1"})
+    proc = info_alone(env={"HPCCOMM_SHM_MIN_BYTES": "12345", "HPCCOMM_NO_SUCH_KNOB": "1",
+                           "TORCH_FR_DUMP_TEMP_FILE": "/shared/fr/trace_"})
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "\0" not in out, "info printed a NUL byte (grep then calls its output binary)"
@@ -33,6 +35,11 @@ def test_info_without_a_launcher():
     assert out.count("route for CUDA tensors") == 1, out
     if not torch.cuda.is_available():
         assert "no route for CUDA tensors" in out, out
+    # Where a failure writes each rank's flight record: torch records a Python backend's operations from 2.15.
+    if hasattr(dist.distributed_c10d, "_maybe_attach_flight_recorder"):
+        assert "written on failure to /shared/fr/trace_<rank>" in out, out
+    else:
+        assert "records no operation of a Python backend (from torch 2.15): none written" in out, out
     assert "started by none (a world of one)" in out
     assert "hpccomm-run    -n 2 python train.py  ->" in out
     assert "               launcher: " in out, out

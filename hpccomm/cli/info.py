@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import flight_recorder
 from . import environment as env
 from .table import Column, Table
 
@@ -80,6 +81,7 @@ def paths_section(_ranks: list[dict[str, Any]]) -> list[str]:
                  "says; ucc: host tensors on UCC too)")
     route = f"; route for CUDA tensors: {cuda['route']}" if cuda["route"] else "; no route for CUDA tensors"
     lines.append(f"{'CUDA':25s} {cuda['detail']}{devices}{route}")
+    lines.append(f"{'flight recorder':25s} {flight_recorder.describe()}")
     return lines
 
 

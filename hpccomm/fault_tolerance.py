@@ -521,6 +521,11 @@ class FaultTolerantTransport(WrappingTransport):
 class _FailurePending:
     """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
 
+    @property
+    def path(self) -> str:
+        """The path that serves the operation it wraps (:mod:`hpccomm.profiling`)."""
+        return getattr(self._inner, "path", type(self._inner).__name__)
+
     def __init__(
         self, inner: Any, recovery: Recovery, op: str, key: int, number: int, outputs: list[torch.Tensor] | None
     ) -> None:

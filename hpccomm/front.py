@@ -36,8 +36,9 @@ from torch._C._distributed_c10d import (
     BroadcastOptions, GatherOptions, ReduceOptions, ReduceScatterOptions, ScatterOptions,
 )
 
-from . import debug, validation as check
+from . import debug, profiling, validation as check
 from .monitor import Monitor, barrier_seconds
+from .profiling import recording
 from .progress import DRAIN_TIMEOUT_S, engine
 from .sparse import SparseAllreduce
 from .tracing import untraced
@@ -48,8 +49,8 @@ from .world import mpi_world_ranks
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
-#: Posts an operation whose arguments were already checked: (pending, outputs).
-Poster = Callable[[], tuple[Pending, list[torch.Tensor]]]
+#: Posts an operation whose arguments were already checked: (pending, outputs, inputs).
+Poster = Callable[[], tuple[Pending, list[torch.Tensor], list[torch.Tensor]]]
 
 
 @untraced
@@ -155,6 +156,8 @@ class Front:
         async_op: bool,
         peer: int | None = -1,
         timeout_s: float | None = None,
+        inputs: list[torch.Tensor] | None = None,
+        about: tuple | None = None,
     ) -> dist.Work:
         """Complete ``post`` inline, or wrap it in an HpcWork for the progress engine.
 
@@ -168,18 +171,24 @@ class Front:
                 the whole group.
             timeout_s: this call's own timeout (torch's ``barrier(timeout=)``),
                 else the group's.
+            inputs, about: for the profiler (:func:`hpccomm.profiling.begin`).
         """
         self._seq += 1
         peers = None if peer == -1 else (() if peer is None else (peer,))
         label = (op, self, self._seq, peers)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        end = None if not recording() else profiling.begin(
+            op, self, self._seq, post, outputs if inputs is None else inputs, outputs, async_op, about, peer)
         if not async_op:
             try:
                 return complete_inline(post, label, timeout_s)
             except BaseException:
                 self._stranded = True
                 raise
-        work = HpcWork(post, outputs, label, timeout_s)
+            finally:
+                if end is not None:
+                    end()
+        work = HpcWork(post, outputs, label, timeout_s, end)
         if self._coalesced is not None:
             self._coalesced.append(work)
         collective = peer == -1
@@ -239,7 +248,7 @@ class Front:
         root = check.check_rank("broadcast", "src", opts.rootRank, self._size)
         self._check_open("broadcast")
         self._precheck("broadcast", dtype=tensor.dtype, numel=tensor.numel(), root=root)
-        return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp)
+        return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp, about=(root, (), ()))
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = None) -> dist.Work:
         opts = opts or ReduceOptions()
@@ -248,7 +257,7 @@ class Front:
         self._check_open("reduce")
         red = cached_reduction("reduce", opts.reduceOp, tensor.dtype)
         self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, reduce_op=opts.reduceOp.op)
-        return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp)
+        return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp, about=(root, (), ()))
 
     # -- gathers -------------------------------------------------------------
 
@@ -259,8 +268,8 @@ class Front:
         if len(output_tensors) != 1:
             raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
         tensor = check.check_single("all_gather", "tensor", input_tensors, self._transports)
-        post, outputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
-        return self._launch("all_gather", post, outputs, opts.asyncOp)
+        post, outputs, inputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
+        return self._launch("all_gather", post, outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_allgather(self, op: str, out_arg: str, output_list: list[torch.Tensor], tensor: torch.Tensor) -> Poster:
         """Check one all-gather of the (checked) ``tensor`` into ``output_list``, one tensor per rank."""
@@ -270,7 +279,7 @@ class Front:
         check.check_numel(op, f"{out_arg}[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
-        return lambda: (transport.allgather(outputs, tensor), outputs)
+        return lambda: (transport.allgather(outputs, tensor), outputs, [tensor])
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
@@ -279,15 +288,7 @@ class Front:
         opts = opts or AllgatherOptions()
         op = "all_gather_coalesced"
         inputs = check.check_tensors(op, "input_tensor_list", input_list, self._transports)
-        if not isinstance(output_lists, (list, tuple)):
-            raise check.fail(op, f"output_tensor_lists must be a list of lists, got {type(output_lists).__name__}")
-        check.check_length(op, "output_tensor_lists", output_lists, self._size)
-        for rank, outs in enumerate(output_lists):
-            if not isinstance(outs, (list, tuple)) or len(outs) != len(inputs):
-                got = f"{len(outs)} tensors" if isinstance(outs, (list, tuple)) else type(outs).__name__
-                raise check.fail(
-                    op, f"output_tensor_lists[{rank}] must hold one tensor per input ({len(inputs)}), got {got}"
-                )
+        check.check_lists(op, "output_tensor_lists", output_lists, self._size, len(inputs))
         posters = [
             self._prepare_allgather(op, f"output_tensor_lists[*][{i}]", [outs[i] for outs in output_lists], tensor)
             for i, tensor in enumerate(inputs)
@@ -296,8 +297,8 @@ class Front:
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
         opts = opts or AllgatherOptions()
-        post, outputs = self._prepare_all_gather_single(output, input)()
-        return self._launch("all_gather_into_tensor", post, outputs, opts.asyncOp)
+        post, outputs, inputs = self._prepare_all_gather_single(output, input)()
+        return self._launch("all_gather_into_tensor", post, outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Poster:
         op = "all_gather_into_tensor"
@@ -307,7 +308,7 @@ class Front:
         check.check_numel(op, "output_tensor", output, tensor.numel() * self._size, "world size x input elements")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel())
-        return lambda: (transport.allgather_into(output, tensor), [output])
+        return lambda: (transport.allgather_into(output, tensor), [output], [tensor])
 
     _allgather_base = all_gather_single
 
@@ -315,7 +316,7 @@ class Front:
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: AllgatherOptions = None
     ) -> dist.Work:
         opts = opts or AllgatherOptions()
-        self._check_pairs("all_gather_into_tensor_coalesced", outputs, inputs)
+        check.check_pairs("all_gather_into_tensor_coalesced", outputs, inputs)
         posters = [self._prepare_all_gather_single(out, inp) for out, inp in zip(outputs, inputs)]
         return self._launch_all("all_gather_into_tensor_coalesced", posters, opts.asyncOp)
 
@@ -332,7 +333,8 @@ class Front:
                                         "destination", self._transports)
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), root=root)
-        return self._launch(op, transport.gather(outputs, tensor, root), outputs or [], opts.asyncOp)
+        post = transport.gather(outputs, tensor, root)
+        return self._launch(op, post, outputs or [], opts.asyncOp, inputs=[tensor], about=(root, (), ()))
 
     # -- scatters and reduce-scatters ---------------------------------------
 
@@ -347,7 +349,8 @@ class Front:
                                        "source", self._transports)
         transport = self._route(op, output)
         self._precheck(op, dtype=output.dtype, numel=output.numel(), root=root)
-        return self._launch(op, transport.scatter(output, inputs, root), [output], opts.asyncOp)
+        post = transport.scatter(output, inputs, root)
+        return self._launch(op, post, [output], opts.asyncOp, inputs=inputs or [], about=(root, (), ()))
 
     def reduce_scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: ReduceScatterOptions = None
@@ -364,14 +367,14 @@ class Front:
         transport = self._route(op, output)
         red = cached_reduction(op, opts.reduceOp, output.dtype)
         self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], reduce_op=opts.reduceOp.op)
-        return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp)
+        return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp, inputs=inputs)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions = None
     ) -> dist.Work:
         opts = opts or ReduceScatterOptions()
-        post, outputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)()
-        return self._launch("reduce_scatter_tensor", post, outputs, opts.asyncOp)
+        post, outputs, inputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)()
+        return self._launch("reduce_scatter_tensor", post, outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, reduce_op: dist.ReduceOp) -> Poster:
         op = "reduce_scatter_tensor"
@@ -382,7 +385,7 @@ class Front:
         transport = self._route(op, tensor)
         red = cached_reduction(op, reduce_op, tensor.dtype)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=reduce_op.op)
-        return lambda: (transport.reduce_scatter_from(output, tensor, red), [output])
+        return lambda: (transport.reduce_scatter_from(output, tensor, red), [output], [tensor])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -390,17 +393,12 @@ class Front:
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: ReduceScatterOptions = None
     ) -> dist.Work:
         opts = opts or ReduceScatterOptions()
-        self._check_pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
+        check.check_pairs("reduce_scatter_tensor_coalesced", outputs, inputs)
         reduce_op = opts.reduceOp
         posters = [self._prepare_reduce_scatter_single(out, inp, reduce_op) for out, inp in zip(outputs, inputs)]
         return self._launch_all("reduce_scatter_tensor_coalesced", posters, opts.asyncOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-
-    @staticmethod
-    def _check_pairs(op: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor]) -> None:
-        if len(outputs) != len(inputs):
-            raise check.fail(op, f"{len(outputs)} outputs but {len(inputs)} inputs")
 
     def _launch_all(self, op: str, posters: list[Poster], async_op: bool) -> dist.Work:
         """Post several validated operations; one Work ends when all have.
@@ -409,8 +407,9 @@ class Front:
         leaves no peer waiting.
         """
         posted = [poster() for poster in posters]
-        outputs = [tensor for _, outs in posted for tensor in outs]
-        return self._launch(op, AllPending([post for post, _ in posted]), outputs, async_op)
+        outputs = [tensor for _, outs, _ in posted for tensor in outs]
+        inputs = [tensor for _, _, ins in posted for tensor in ins]
+        return self._launch(op, AllPending([post for post, _, _ in posted]), outputs, async_op, inputs=inputs)
 
     # -- all-to-all ------------------------------------------------------------
 
@@ -426,7 +425,7 @@ class Front:
         check.check_same_dtype(op, "output_tensor_list[0]", outputs[0], inputs[0], "input_tensor_list[0]")
         transport = self._route(op, inputs[0])
         self._precheck(op, dtype=inputs[0].dtype, numels=[t.numel() for t in inputs])
-        return self._launch(op, transport.alltoall(outputs, inputs), outputs, opts.asyncOp)
+        return self._launch(op, transport.alltoall(outputs, inputs), outputs, opts.asyncOp, inputs=inputs)
 
     def all_to_all_single(
         self,
@@ -446,7 +445,8 @@ class Front:
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, sends=input_counts, receives=output_counts)
         post = transport.alltoall_single(output, tensor, output_counts, input_counts)
-        return self._launch(op, post, [output], opts.asyncOp)
+        splits = (-1, input_counts, output_counts) if input_split_sizes or output_split_sizes else None
+        return self._launch(op, post, [output], opts.asyncOp, inputs=[tensor], about=splits)
 
     alltoall_base = all_to_all_single
 

@@ -25,6 +25,9 @@ class SparseAllreduce:
         size: the number of ranks in the group.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "sparse"
+
     def __init__(self, transport: Transport, tensor: torch.Tensor, size: int) -> None:
         self._transport = transport
         self._tensor = tensor

@@ -89,6 +89,23 @@ def check_length(op: str, arg: str, items: Sequence[object], expected: int) -> N
         raise fail(op, f"{arg} has {len(items)} entries but the group has {expected} ranks")
 
 
+def check_lists(op: str, arg: str, lists: object, size: int, each: int) -> None:
+    """``lists`` must be ``size`` lists (one per rank) of ``each`` items (an all-gather's outputs)."""
+    if not isinstance(lists, (list, tuple)):
+        raise fail(op, f"{arg} must be a list of lists, got {type(lists).__name__}")
+    check_length(op, arg, lists, size)
+    for rank, items in enumerate(lists):
+        if not isinstance(items, (list, tuple)) or len(items) != each:
+            got = f"{len(items)} tensors" if isinstance(items, (list, tuple)) else type(items).__name__
+            raise fail(op, f"{arg}[{rank}] must hold one tensor per input ({each}), got {got}")
+
+
+def check_pairs(op: str, outputs: Sequence[object], inputs: Sequence[object]) -> None:
+    """A coalesced operation's outputs and inputs must pair up."""
+    if len(outputs) != len(inputs):
+        raise fail(op, f"{len(outputs)} outputs but {len(inputs)} inputs")
+
+
 def check_rank(op: str, arg: str, rank: int, size: int) -> int:
     """Check ``rank`` names a member of a group of ``size`` ranks."""
     if not 0 <= rank < size:

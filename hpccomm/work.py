@@ -71,6 +71,11 @@ class Pending(Protocol):
 class AllPending:
     """Several Pendings that complete together (the coalesced collectives)."""
 
+    @property
+    def path(self) -> str:
+        """The paths that serve its parts, for the profiler (:mod:`hpccomm.profiling`)."""
+        return "+".join(sorted({getattr(part, "path", type(part).__name__) for part in self._parts}))
+
     def __init__(self, parts: list[Pending]) -> None:
         self._parts = parts
         self._waiting = list(parts)
@@ -256,11 +261,21 @@ class HpcWork(dist.Work):
         outputs: the tensors the operation writes; the future's value.
         label: (op name, group, sequence number, peers), for error messages.
         timeout_s: the group's timeout in seconds; bounds every wait on this work.
+        ended: called once when the work ends, however it ends, on the thread
+            that ends it (the profiler's span, :mod:`hpccomm.profiling`).
     """
 
-    def __init__(self, pending: Pending, outputs: list[torch.Tensor], label: Label, timeout_s: float) -> None:
+    def __init__(
+        self,
+        pending: Pending,
+        outputs: list[torch.Tensor],
+        label: Label,
+        timeout_s: float,
+        ended: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__()
         self._pending = pending
+        self._ended = ended
         self._outputs = outputs
         self._label = label
         self._timeout_s = timeout_s
@@ -326,6 +341,8 @@ class HpcWork(dist.Work):
             except BaseException as exc:  # surfaced through wait() and the future
                 error = exc
         self._error = error
+        if self._ended is not None:  # before the work reads as done: a waiter that sees it done sees it ended
+            self._ended()
         self._done = True
         future = self._future
         if future is not None:

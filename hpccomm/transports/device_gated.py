@@ -69,6 +69,11 @@ class GatedPending:
             (kernels: queued on the stream current when it runs).
     """
 
+    @property
+    def path(self) -> str:
+        """The path that serves it: its device transport's (:mod:`hpccomm.profiling`)."""
+        return getattr(self._inner, "path", "device")
+
     def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
         self._order = order
         self._ticket = ticket

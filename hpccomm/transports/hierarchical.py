@@ -122,6 +122,9 @@ class HierarchicalPending:
         keep: tensors its stages read or write, held until it is done.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "hierarchical"
+
     __slots__ = ("_channel", "_queue", "_finals", "_after", "_keep")
 
     def __init__(

@@ -67,6 +67,9 @@ class StagedPending:
         caller: the stream current on the calling thread when the operation was called.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "staged"
+
     # Slots: made and read on every staged call.
     __slots__ = (
         "_order", "_ops", "_post", "_post_arg", "_keep", "_back", "_copied", "_caller", "_host", "_landed", "_error"

@@ -40,6 +40,9 @@ class MPIPending:
         status: filled by a receive from any source.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "mpi"
+
     __slots__ = ("_requests", "_after", "_keep", "_status")
 
     def __init__(
@@ -74,6 +77,8 @@ class MPIPending:
 class SinglePending:
     """One posted MPI request with nothing to do afterwards: the common small case."""
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "mpi"
     __slots__ = ("test",)
 
     def __init__(self, request: Any) -> None:

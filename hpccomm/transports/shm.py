@@ -510,6 +510,9 @@ class ShmOp:
         gate: polled before it starts; it starts once that returns True.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "shm"
+
     __slots__ = ("_channel", "_op", "_name", "_keep", "_previous", "_gate", "after")
 
     def __init__(

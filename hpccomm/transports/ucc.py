@@ -70,6 +70,9 @@ class UCCPending:
         what: the operation, for error messages.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "ucc"
+
     __slots__ = ("test", "_requests", "_after", "_what")
 
     def __init__(self, requests: list[Request], after: Sequence[Callable[[], None]], what: str) -> None:

@@ -304,6 +304,9 @@ class TriggeredPending:
     other thread progresses a blocking call's requests.
     """
 
+    #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
+    path = "ucc-triggered"
+
     def __init__(self, ops: DeviceOps, requests: UCCPending, fence: Any) -> None:
         self._ops = ops
         self._requests = requests

@@ -1,6 +1,6 @@
 """Per-call cost at 2 ranks: hpccomm against raw mpi4py and torch's own floor, in one job.
 
-Usage: ``hpccomm-run -n 2 python benchmarks/per_call.py [--iters N] [--rounds R]``
+Usage: ``hpccomm-run -n 2 python benchmarks/per_call.py [--iters N] [--rounds R] [--profiler]``
 
 Back to back, 4-byte float32 messages: the all_reduce time, and send/recv's
 one-way time (half a ping-pong), each the median of rounds of N calls; for
@@ -12,6 +12,11 @@ is (hpccomm - raw mpi4py) / floor: how many of torch's own per-call costs
 hpccomm adds on top of MPI. The do-nothing backend's send/recv one-way time
 (``dist.send`` then ``dist.recv``, nothing sent) shows how much of a one-way
 trip is torch's own, in floors.
+
+``--profiler`` adds the all_reduce of hpccomm and of the floor again inside a
+``torch.profiler`` session on the CPU, without and with ``record_shapes``:
+what recording a trace costs per call, hpccomm's spans (hpccomm/profiling.py)
+beside torch's own events.
 """
 
 from __future__ import annotations
@@ -21,9 +26,12 @@ import statistics
 import time
 from typing import Any
 
+import contextlib
+
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
 from hpccomm import world
 from hpccomm.registration import BACKEND_SHAPE
 from hpccomm.work import COMPLETED
@@ -75,6 +83,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--profiler", action="store_true", help="also time all_reduce under torch.profiler")
     args = parser.parse_args()
     dist.init_process_group("hpccomm")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -102,10 +111,20 @@ def main() -> None:
         "hpccomm send/recv one-way": (hpc_ping, 2),
         "floor send/recv one-way": (floor_ping, 2),
     }
+    recording: dict[str, bool | None] = {}
+    if args.profiler:
+        for who in ("hpccomm", "floor"):
+            for shapes in (False, True):
+                name = f"{who} all_reduce, profiler{' +shapes' if shapes else ''}"
+                cases[name] = cases[f"{who} all_reduce"]
+                recording[name] = shapes
     results = {}
     for name, (fn, divisor) in cases.items():
         comm.Barrier()
-        results[name] = timed(fn, args.iters, args.rounds, divisor)
+        shapes = recording.get(name)
+        with contextlib.nullcontext() if shapes is None else profile(activities=[ProfilerActivity.CPU],
+                                                                      record_shapes=shapes):
+            results[name] = timed(fn, args.iters, args.rounds, divisor)
     if rank == 0:
         floor = results["floor all_reduce"]
         print(f"# torch {torch.__version__}, hpccomm as a {'Backend' if BACKEND_SHAPE else 'ProcessGroup'}; "
@@ -117,6 +136,10 @@ def main() -> None:
             print(f"{op:28s} (hpccomm - raw) / floor = {above / floor:.2f}")
         # torch's own share of a one-way trip (a send and a receive call), in floors.
         print(f"{'send/recv one-way':28s} floor send/recv / floor = {results['floor send/recv one-way'] / floor:.2f}")
+        for shapes in ("", " +shapes") if args.profiler else ():
+            added = results[f"hpccomm all_reduce, profiler{shapes}"] - results["hpccomm all_reduce"]
+            torchs = results[f"floor all_reduce, profiler{shapes}"] - floor
+            print(f"{'profiler' + shapes:28s} adds {added:.2f} us to hpccomm's all_reduce, {torchs:.2f} us to the floor's")
     comm.Free()
     dist.destroy_process_group()
 

@@ -229,6 +229,37 @@ def the_compute_stream_runs_while_the_collective_does() -> None:
 
 
 @check
+def the_profiler_shows_each_operation_and_the_gpu_work_inside_it() -> None:
+    # hpccomm/profiling.py on a GPU (never run on one before this check): each operation's span and its
+    # metadata event on the calling thread, and the GPU work the operation caused (the staged path's copies,
+    # UCC's kernels) inside the span, on the device's rows of the trace.
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.ones(1 << 20, device=DEVICE)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as recorded:
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as trace:
+        recorded.export_chrome_trace(trace.name)
+        events = [e for e in json.load(open(trace.name))["traceEvents"] if e.get("ph") == "X"]
+    spans = sorted((e for e in events if e["name"] == "hpccomm:all_reduce"), key=lambda e: e["ts"])
+    metadata = [e for e in events if e["name"] == "hpccomm:record_param_comms"]
+    assert len(spans) == 2 and len(metadata) == 2, [e["name"] for e in events if e["name"].startswith("hpccomm")]
+    paths = {e["args"].get("Path") for e in metadata}
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    inside = [e["name"] for e in gpu if spans[0]["ts"] <= e["ts"] <= spans[0]["ts"] + spans[0]["dur"]]
+    assert inside, (f"path {paths}: no GPU work inside the blocking all-reduce's span; GPU events: "
+                    f"{sorted({e['name'] for e in gpu})[:10]}")
+    assert bool((t == SIZE ** 3).all()), t[:4]
+
+
+@check
 def graph_capture_is_refused_with_a_clear_error() -> None:
     t = torch.ones(4, device=DEVICE)
     graph = torch.cuda.CUDAGraph()

@@ -2,8 +2,8 @@
 
 From torch 2.15 torch records every hpccomm operation in its flight recorder;
 hpccomm writes each rank's record when the job fails (hpccomm/flight_recorder.py).
-Older releases record nothing for a Python backend: there the same job must
-still end with its cause, writing nothing.
+Older releases record nothing for a Python backend: there hpccomm writes
+nothing, asks no rank for a record, and fails as before (tests/test_failures.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,21 @@ from launch import FAIL_FAST_S, ready_time, run_ranks
 
 #: Whether this torch records a Python backend's operations (torch >= 2.15).
 RECORDS = hasattr(dist.distributed_c10d, "_maybe_attach_flight_recorder")
-TIMEOUT_S = 3  # the default group's timeout in the rank script
-WAIT_S = 2  # TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC below
+TIMEOUT_S = 2  # the default group's timeout in the rank script
+WAIT_S = 1  # TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC below
 
 
-# Without records, one job shows that nothing is written (busy differs only in what rank 1 can write).
-@pytest.mark.parametrize("mode", ["waits", "busy"] if RECORDS else ["waits"])
-def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, mode):
+# Where torch records nothing, no job: hpccomm's failure path is then exactly tests/test_failures.py's.
+@pytest.mark.parametrize("mode", ["waits", "busy"] if RECORDS else ["nothing-recorded"])
+def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, monkeypatch, mode):
+    if mode == "nothing-recorded":
+        from hpccomm import flight_recorder
+
+        monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "trace_"))
+        assert not flight_recorder.enabled()  # so a failing rank asks no other rank for a record
+        assert flight_recorder.write(0) is False and not list(tmp_path.iterdir())
+        assert "none written" in flight_recorder.describe()
+        return
     env = {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "trace_"), "TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": str(WAIT_S * 1000)}
     run = run_ranks(2, "flight_recorder.py", mode, env=env, limit_s=90)
     assert not run.timed_out, run.output[-4000:]
@@ -35,9 +43,6 @@ def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, mode):
     took = (run.ranks_ended_at or time.time()) - ready_time(run)
     assert took < TIMEOUT_S + WAIT_S + FAIL_FAST_S, f"the job took {took:.1f} s to end"
     written = sorted(path.name for path in tmp_path.iterdir())
-    if not RECORDS:
-        assert written == [], written
-        return
     # Waiting in hpccomm, rank 1 wrote its record when rank 0 asked, long before its own 120 s timeout;
     # busy outside hpccomm, it could not.
     assert written == (["trace_0", "trace_1"] if mode == "waits" else ["trace_0"]), written

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from rankcheck import say
 
 mode = sys.argv[1]
-dist.init_process_group("hpccomm", timeout=timedelta(seconds=3))
+dist.init_process_group("hpccomm", timeout=timedelta(seconds=2))
 rank = dist.get_rank()
 patient = dist.new_group([0, 1], timeout=timedelta(seconds=120))
 tensor = torch.ones(8)

@@ -178,59 +178,44 @@ def begin(
     """
     global _refused
     try:
-        return _begin(op, group, seq, pending, inputs, outputs, async_op, about, peer)
+        root, in_splits, out_splits = about or (-1, (), ())
+        collective = COLLECTIVE_NAMES.get(op, op)
+        if collective == "all_to_allv" and not (in_splits or out_splits):
+            collective = "all_to_all"  # NCCL's name where no split sizes were given
+        dtype = next((tensor.dtype for tensor in (*inputs, *outputs)), None)
+        # NCCL's "Rank" is the root of a rooted collective and the peer of a send or receive.
+        rank = group._rank if root < 0 and peer == -1 else (root if root >= 0 else (-1 if peer is None else peer))
+        meta = dict(_group_fields(group))
+        meta.update({
+            "Collective name": collective,
+            "dtype": _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) if dtype is not None else "Byte",
+            "In msg nelems": _numel(inputs),
+            "Out msg nelems": _numel(outputs),
+            "In split size": _listed(in_splits),
+            "Out split size": _listed(out_splits),
+            "Rank": rank,
+            "Seq": seq,
+            "Is asynchronized op": int(async_op),
+            "Path": path_of(pending),
+        })
+        if collective in ("send", "recv") and 0 <= rank < meta["Group size"]:
+            meta["Dst Rank" if collective == "send" else "Src Rank"] = group.global_ranks()[rank]
+        title = f"hpccomm:{op}"
+        if async_op:  # may end on another thread: ended under this thread's state, through a future
+            handle = torch.ops.profiler._record_function_enter_new(title, None)
+            ended: Future = Future()
+            torch.ops.profiler._call_end_callbacks_on_jit_fut(handle, ended)
+            end = partial(ended.set_result, None)
+        else:  # ends on this thread
+            span = _RecordFunctionFast(title)
+            span.__enter__()
+            end = partial(span.__exit__, None, None, None)
+        with _RecordFunctionFast(METADATA_EVENT, [], meta):
+            pass
+        return end
     except Exception as exc:  # noqa: BLE001 -- the peers wait on this operation: it must go on
         if not _refused:
             _refused = True
             print(f"hpccomm: torch's profiler refused an operation's events, which go unrecorded: "
                   f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return None
-
-
-def _begin(
-    op: str,
-    group: Any,
-    seq: int,
-    pending: Any,
-    inputs: Sequence[torch.Tensor],
-    outputs: Sequence[torch.Tensor],
-    async_op: bool,
-    about: tuple | None,
-    peer: int | None,
-) -> Callable[[], None]:
-    """:func:`begin`'s work, unguarded."""
-    root, in_splits, out_splits = about or (-1, (), ())
-    collective = COLLECTIVE_NAMES.get(op, op)
-    if collective == "all_to_allv" and not (in_splits or out_splits):
-        collective = "all_to_all"  # NCCL's name where no split sizes were given
-    dtype = next((tensor.dtype for tensor in (*inputs, *outputs)), None)
-    # NCCL's "Rank" is the root of a rooted collective and the peer of a send or receive.
-    rank = group._rank if root < 0 and peer == -1 else (root if root >= 0 else (-1 if peer is None else peer))
-    meta = dict(_group_fields(group))
-    meta.update({
-        "Collective name": collective,
-        "dtype": _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")) if dtype is not None else "Byte",
-        "In msg nelems": _numel(inputs),
-        "Out msg nelems": _numel(outputs),
-        "In split size": _listed(in_splits),
-        "Out split size": _listed(out_splits),
-        "Rank": rank,
-        "Seq": seq,
-        "Is asynchronized op": int(async_op),
-        "Path": path_of(pending),
-    })
-    if collective in ("send", "recv") and 0 <= rank < meta["Group size"]:
-        meta["Dst Rank" if collective == "send" else "Src Rank"] = group.global_ranks()[rank]
-    title = f"hpccomm:{op}"
-    if async_op:  # may end on another thread: ended under this thread's state, through a future
-        handle = torch.ops.profiler._record_function_enter_new(title, None)
-        ended: Future = Future()
-        torch.ops.profiler._call_end_callbacks_on_jit_fut(handle, ended)
-        end = partial(ended.set_result, None)
-    else:  # ends on this thread
-        span = _RecordFunctionFast(title)
-        span.__enter__()
-        end = partial(span.__exit__, None, None, None)
-    with _RecordFunctionFast(METADATA_EVENT, [], meta):
-        pass
-    return end

@@ -35,6 +35,7 @@ from torch._C._distributed_c10d import (
     AllgatherOptions, AllreduceCoalescedOptions, AllreduceOptions, AllToAllOptions, BarrierOptions,
     BroadcastOptions, GatherOptions, ReduceOptions, ReduceScatterOptions, ScatterOptions,
 )
+from torch.autograd import profiler as torch_profiler
 
 from . import debug, profiling, validation as check
 from .monitor import Monitor, barrier_seconds
@@ -177,7 +178,9 @@ class Front:
         peers = None if peer == -1 else (() if peer is None else (peer,))
         label = (op, self, self._seq, peers)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
-        end = None if not recording() else profiling.begin(
+        # torch's own flag first (a module attribute, set by every profiler Python starts): asking torch's C++ each
+        # call cost 0.2-0.3 us of a 12 us all-reduce; the flag, nothing measurable.
+        end = None if not (torch_profiler._is_profiler_enabled and recording()) else profiling.begin(
             op, self, self._seq, post, outputs if inputs is None else inputs, outputs, async_op, about, peer)
         if not async_op:
             try:

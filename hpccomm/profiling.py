@@ -19,9 +19,10 @@ calling thread, every hpccomm operation adds two events to its trace:
   at all. So an asynchronous operation's span is ended through a torch future
   that its completion settles (``_call_end_callbacks_on_jit_fut``, torch's RPC
   profiling), which runs the end under the calling thread's state
-  (``at::wrapPropagateTLSState``) on whatever thread completes it. That costs
-  about 34 us per operation where a blocking operation's span costs about 1
-  (measured on this 2-core VM, torch 2.15), so blocking ones do without;
+  (``at::wrapPropagateTLSState``) on whatever thread completes it. That made
+  hpccomm's events cost about 45 us per operation where a blocking one's cost
+  about 6 (measured alone on this 2-core VM, torch 2.15), so blocking ones do
+  without;
 * ``hpccomm:record_param_comms``, an instant at the start of the span holding
   the operation's metadata. Its arguments, shown where the profiler records
   shapes (``record_shapes=True``, as HTA's and Chakra's collection recipes
@@ -42,8 +43,12 @@ calling thread, every hpccomm operation adds two events to its trace:
   every event, drop its arguments, and crash the process under the execution
   trace observer.
 
-Nothing of this runs while no profiler records: the front asks
-:func:`recording` (one call into torch, about 40 ns) per operation.
+Nothing of this runs while no profiler records: per operation the front reads
+torch's own flag ``torch.autograd.profiler._is_profiler_enabled`` (set while any
+profiler a Python program started records, "for fast python checks"), then,
+only where it is set, asks :func:`recording` whether this thread records. A
+profiler started from outside Python (on demand, through Kineto's daemon) sets
+no flag, and hpccomm's events are then not recorded.
 """
 
 from __future__ import annotations

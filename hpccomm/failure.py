@@ -185,6 +185,9 @@ def _gather_records() -> None:
         if peer != _rank:  # posted before the asks, so every answer finds its receive
             answers[peer] = _control.Irecv((bytearray(1), MPI.BYTE), peer, RECORDED_TAG)
     _send_goodbyes(_FAILING)
+    # Each peer is settled by a fact: its answer, or its goodbye. The bound is only for a peer that can give
+    # neither (busy outside hpccomm, or hung): torch's own bound on one dump, which NCCL's heartbeat monitor also
+    # gives its dump (TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC, 15 s by default).
     deadline = time.monotonic() + flight_recorder.wait_s()
     while answers and time.monotonic() < deadline:
         _collect_goodbyes()  # answers others that ask too; learns who has left

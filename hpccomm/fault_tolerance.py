@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from .config import settings
 from .kept_results import KeptResults, fill, shared_outputs
+from .profiling import path_of
 from .stop_points import StopPoints
 from .transports import Transport, WrappingTransport
 from .work import Pending
@@ -521,11 +522,6 @@ class FaultTolerantTransport(WrappingTransport):
 class _FailurePending:
     """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
 
-    @property
-    def path(self) -> str:
-        """The path that serves the operation it wraps (:mod:`hpccomm.profiling`)."""
-        return getattr(self._inner, "path", type(self._inner).__name__)
-
     def __init__(
         self, inner: Any, recovery: Recovery, op: str, key: int, number: int, outputs: list[torch.Tensor] | None
     ) -> None:
@@ -537,6 +533,11 @@ class _FailurePending:
         self._number = number
         self._error: BaseException | None = None
         self._repair: list[bytes] | None = None
+
+    @property
+    def path(self) -> str:
+        """The path that serves the operation it wraps (:mod:`hpccomm.profiling`)."""
+        return path_of(self._inner)
 
     def test(self) -> bool:
         if self._key is None:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from . import callbacks, failure, flight_recorder
+from .profiling import path_of
 from .tracing import untraced
 
 # Poll this many times between clock reads: reading the clock costs more
@@ -71,14 +72,14 @@ class Pending(Protocol):
 class AllPending:
     """Several Pendings that complete together (the coalesced collectives)."""
 
-    @property
-    def path(self) -> str:
-        """The paths that serve its parts, for the profiler (:mod:`hpccomm.profiling`)."""
-        return "+".join(sorted({getattr(part, "path", type(part).__name__) for part in self._parts}))
-
     def __init__(self, parts: list[Pending]) -> None:
         self._parts = parts
         self._waiting = list(parts)
+
+    @property
+    def path(self) -> str:
+        """The paths that serve its parts, for the profiler (:mod:`hpccomm.profiling`)."""
+        return "+".join(sorted({path_of(part) for part in self._parts}))
 
     def test(self) -> bool:
         self._waiting = [part for part in self._waiting if not part.test()]

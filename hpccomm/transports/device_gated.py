@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from ..profiling import path_of
 from ..work import Pending
 from . import Transport
 from .call_order import CallOrder
@@ -69,11 +70,6 @@ class GatedPending:
             (kernels: queued on the stream current when it runs).
     """
 
-    @property
-    def path(self) -> str:
-        """The path that serves it: its device transport's (:mod:`hpccomm.profiling`)."""
-        return getattr(self._inner, "path", "device")
-
     def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
         self._order = order
         self._ticket = ticket
@@ -82,6 +78,11 @@ class GatedPending:
         self._landed: Any = None
         self._error: BaseException | None = None
         self._source_rank = -1
+
+    @property
+    def path(self) -> str:
+        """The path that serves it: its device transport's (:mod:`hpccomm.profiling`)."""
+        return path_of(self._inner)
 
     def test(self) -> bool:
         if self._landed is not None:

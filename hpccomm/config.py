@@ -179,7 +179,7 @@ class Config:
             largest result of an all-reduce, broadcast or all-gather of which
             each rank keeps a copy (its newest 16), to complete the operation
             on survivors whose copy failed when others completed it
-            (:mod:`hpccomm.kept_results`). Each copy costs a pass over the
+            (:mod:`hpccomm.fault_tolerance.kept_results`). Each copy costs a pass over the
             result's memory; larger results are held by reference instead,
             usable while unchanged (their version counter, and no later
             operation posted on the same memory).

@@ -1,4 +1,4 @@
-"""Fault-tolerant mode (hpccomm/fault_tolerance.py): the survivors of a rank's death agree, shrink and go on.
+"""Fault-tolerant mode (hpccomm/fault_tolerance/): the survivors of a rank's death agree, shrink and go on.
 
 Where the MPI under test has ULFM (Open MPI 5) and hpccomm is a torch Backend
 (2.14 and later), ranks SIGKILL themselves between two all_reduces and in the

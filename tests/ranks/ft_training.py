@@ -26,7 +26,7 @@ step K the victims (comma-separated ranks) SIGKILL themselves:
         that all_reduce end in error, as Open MPI ends a request still open
         when it learns of a death (seen 1 run in 39 under load): the others
         completed it. The others' kept result must complete it
-        (hpccomm.kept_results), or the survivors would redo different steps.
+        (hpccomm.fault_tolerance.kept_results), or the survivors would redo different steps.
 A survivor catches ``hpccomm.PeerFailure`` (DDP: the RuntimeError around it,
 ``hpccomm.failed_ranks()``), shrinks the default group (again, if a rank died
 while it was shrunk), and redoes the step: the program a user writes.

@@ -1,6 +1,6 @@
 """The results a survivor keeps of its last collectives, to hand to survivors whose copy failed (fault-tolerant mode).
 
-Even with the revoke ordered (:mod:`hpccomm.stop_points`), MPI can end one
+Even with the revoke ordered (:mod:`hpccomm.fault_tolerance.stop_points`), MPI can end one
 collective unevenly when a rank dies around it: Open MPI's nonblocking
 all-reduce of a few bytes was seen to complete on two survivors and fail on
 the third (its send to the dead rank had been delivered, but the request was

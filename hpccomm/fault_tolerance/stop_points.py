@@ -24,7 +24,7 @@ every one of them.
 A death in the middle of an operation can still leave it completed on some
 survivors and failed on others (a rank that forwarded its share to one
 survivor and died before sending it to another). The announced stops show
-it: :mod:`hpccomm.kept_results` completes it on the others where it can,
+it: :mod:`hpccomm.fault_tolerance.kept_results` completes it on the others where it can,
 and :class:`~hpccomm.fault_tolerance.PeerFailure` says so (``uneven``)
 where it cannot, rather than letting the survivors' group hang later.
 """
@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from .world import mpi
+from ..world import mpi
 
 _STOP_TAG = 11
 

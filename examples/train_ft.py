@@ -73,14 +73,17 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: i
     optimizer.step()
 
 
-def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The training state the survivors must share: parameters and momentum buffers."""
-    tensors = [p.data for p in model.parameters()]
-    for p in model.parameters():
-        if "momentum_buffer" not in optimizer.state[p]:
-            optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-        tensors.append(optimizer.state[p]["momentum_buffer"])
-    return tensors
+class Run:
+    """The run's own state, which a replacement needs as much as the weights: its seed, the death planned, done."""
+
+    def __init__(self, seed: int = 0, victim: int = -1, kill_at: int = -1) -> None:
+        self.seed, self.victim, self.kill_at, self.failed = seed, victim, kill_at, []
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "victim": self.victim, "kill_at": self.kill_at, "failed": self.failed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.victim, self.kill_at, self.failed = (state[k] for k in ("seed", "victim", "kill_at", "failed"))
 
 
 def kill_mid_backward(model: torch.nn.Module) -> None:
@@ -109,26 +112,49 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=None, help="picks the victim and the step (default: the clock)")
     parser.add_argument("--no-kill", action="store_true", help="no rank dies (the clean run)")
+    parser.add_argument("--spares", type=int, default=0,
+                        help="the job has spares (hpccomm-run --ft --spares K): replace the dead rank, do not shrink")
     parser.add_argument("--atol", type=float, default=1e-4)
     args = parser.parse_args()
 
-    dist.init_process_group("hpccomm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    batch = 8 * math.lcm(world, max(world - 1, 1))  # divides by the world size before and after a death
-    seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % 100_000])
-    dist.broadcast(seed, src=0)
-    chooser = random.Random(int(seed))
-    victim, kill_at = chooser.randrange(world), chooser.randrange(1, args.steps - 1)
-    if args.no_kill:
-        victim = -1
-
+    # Built before the group, so that a spare pays for it while it waits (torch's first optimizer takes ~1 s).
     model = make_model()
     optimizer = make_optimizer(model)
-    ddp = make_ddp(model)
-    step, report = 0, {"seed": int(seed), "world": world, "victim": victim, "kill_at": kill_at}
-    while step < args.steps:
+    dist.init_process_group("hpccomm")  # a spare waits here until it takes a dead rank's place
+    rank, world = dist.get_rank(), dist.get_world_size()
+    batch = 8 * math.lcm(world, max(world - 1, 1))  # divides by the world size before and after a death
+    run = Run()
+    # Everything a rank is made of: a replacement receives it from a survivor (hpccomm.TrainingState.resume).
+    state = hpccomm.TrainingState(model=model, optimizer=optimizer, run=run)
+    report = {"world": world}
+    if hpccomm.is_replacement():
+        caught, start = 0.0, time.monotonic()  # detection is the survivors' to report
+        step = state.resume(0)
+        report.update(replacement=rank)
+    else:
+        seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % 100_000])
+        dist.broadcast(seed, src=0)
+        chooser = random.Random(int(seed))
+        run.seed, run.victim, run.kill_at = int(seed), chooser.randrange(world), chooser.randrange(1, args.steps - 1)
+        if args.no_kill:
+            run.victim = -1
+        step, caught, start = 0, None, None
+        ddp = make_ddp(model)
+    while True:
+        if caught is not None:
+            # Recovered (a survivor after its repair or shrink, or a replacement after its resume).
+            rank, world = dist.get_rank(), dist.get_world_size()
+            ddp = make_ddp(model)
+            times = torch.tensor([caught, time.monotonic() - start], dtype=torch.float64)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)
+            report.update(failed=run.failed, step_resumed=step, caught_at=float(times[0]),
+                          recover_s=round(float(times[1]), 4), resumed_at=time.time())
+            print(f"RECOVERED rank={rank}/{world} at step {step}", flush=True)
+            caught = None
+        if step >= args.steps:
+            break
         try:
-            if rank == victim and step == kill_at and world == report["world"]:
+            if rank == run.victim and step == run.kill_at and not run.failed:
                 kill_mid_backward(model)
             train_step(ddp, optimizer, step, batch, rank, world)
             step += 1
@@ -138,24 +164,17 @@ def main() -> None:
             if not failed:
                 raise
             start = time.monotonic()
-            dist.shrink_group(failed)
-            shrunk = time.monotonic()
-            rank, world = dist.get_rank(), dist.get_world_size()
-            # A survivor whose all-reduce completed before the death is a step ahead: all take its state.
-            steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-            dist.all_gather(steps, torch.tensor([step]))
-            ahead = max(range(world), key=lambda r: (int(steps[r]), -r))
-            for tensor in state_tensors(model, optimizer):
-                dist.broadcast(tensor, src=ahead)
-            step = int(steps[ahead])
-            ddp = make_ddp(model)
-            times = torch.tensor([caught, shrunk - start, time.monotonic() - start], dtype=torch.float64)
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            report.update(failed=failed, step_resumed=step, caught_at=float(times[0]),
-                          shrink_s=round(float(times[1]), 4), recover_s=round(float(times[2]), 4),
-                          error=type(error).__name__)
-            print(f"RECOVERED rank={rank}/{world} at step {step} ({type(error).__name__})", flush=True)
+            run.failed = failed
+            if args.spares:
+                replaced = hpccomm.repair(failed)  # spares take the dead ranks' places (or, with none left, shrink)
+            else:
+                dist.shrink_group(failed)
+                replaced = 0
+            report.update(repair_s=round(time.monotonic() - start, 4), replaced=replaced, error=type(error).__name__)
+            # A survivor whose all-reduce completed before the death is a step ahead: every rank takes its state.
+            step = state.resume(step)
 
+    report.update(seed=run.seed, victim=run.victim, kill_at=run.kill_at)
     if rank == 0:
         reference = replay(args.steps, batch)
         diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))

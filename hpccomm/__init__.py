@@ -14,7 +14,8 @@ settings chosen for the library mpi4py loads (see :mod:`hpccomm.world`).
 builds the (node, local) mesh for HSDP. The exceptions name what ended an
 operation: a timeout, a departed peer, a closed group, mismatched calls
 (debug mode), a monitored barrier a rank missed, and, in fault-tolerant mode
-(``hpccomm-run --ft``), ranks that died (:class:`PeerFailure`). The documentation
+(``hpccomm-run --ft``), ranks that died (:class:`PeerFailure`), whose places
+spares can take (:func:`repair`, :class:`TrainingState`). The documentation
 (``docs/``) has the feature table, configuration and limits.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from .debug import CollectiveMismatchError
 from .failure import PeerExitedError
-from .fault_tolerance import PeerFailure, failed_ranks
+from .fault_tolerance import PeerFailure, TrainingState, failed_ranks, is_replacement, repair
 from .monitor import MonitoredBarrierError, monitored_barrier
 from .registration import register
 from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
@@ -38,13 +39,16 @@ __all__ = [
     "PeerExitedError",
     "PeerFailure",
     "Topology",
+    "TrainingState",
     "failed_ranks",
     "identity",
     "init_device_mesh",
+    "is_replacement",
     "leaders_group",
     "monitored_barrier",
     "node_group",
     "register",
+    "repair",
     "topology",
     "__version__",
 ]

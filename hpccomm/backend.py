@@ -214,6 +214,30 @@ class HpccommBackend(Front, Backend):
         remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
         return self._recovery.rebuild(excluded, lambda comm: self._make_child(comm, remaining, timeout))
 
+    def refill(self, dead: Sequence[int]) -> bool:
+        """The default group back at its size, in place, with spares in the ``dead`` ranks' places.
+
+        Called by the survivors only (:func:`hpccomm.fault_tolerance.spares.repair`).
+        The new world keeps every survivor's rank; this object (torch's group
+        around it, its name, its device) stays, and runs on the new world from
+        now on. False, with nothing changed, where too few spares are left.
+        """
+        if self._recovery is None or self._make_world is None:
+            raise RuntimeError("hpccomm repair: only the default group, in fault-tolerant mode, is repaired with spares")
+        from .fault_tolerance import spares
+
+        comm = spares.refill(dead)
+        if comm is None:
+            return False
+        rebuilt = self._make_world(comm, timedelta(seconds=self._timeout_s))
+        self._close("repaired")
+        kept = {"_group_name": self._group_name, "_abort_hooks": self._abort_hooks}
+        self.__dict__.update(rebuilt.__dict__)
+        self.__dict__.update(kept)
+        # Its parts (and what they were given: its description, for messages) are this group's now: one state.
+        rebuilt.__dict__ = self.__dict__
+        return True
+
     # -- ending ------------------------------------------------------------------
 
     def registerAbortHook(self, hook_id: int, hook: Callable[[], None]) -> None:  # noqa: N802 (torch's trampoline name)

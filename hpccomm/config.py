@@ -56,6 +56,18 @@ def _size(name: str, default: int | None) -> int | None:
         raise ValueError(f"hpccomm: {name}={value!r} is not a whole number of bytes") from None
 
 
+def _count(name: str) -> int:
+    """A whole number of at least 0 (0 when unset)."""
+    value = os.environ.get(name, "").strip()
+    try:
+        count = int(value or 0)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ValueError(f"hpccomm: {name}={value!r} is not a whole number of at least 0")
+    return count
+
+
 def _choice(name: str, choices: tuple[str, ...]) -> str:
     """The value of ``name``, one of ``choices`` (the first when unset)."""
     value = os.environ.get(name, "").strip().lower() or choices[0]
@@ -183,6 +195,11 @@ class Config:
             result's memory; larger results are held by reference instead,
             usable while unchanged (their version counter, and no later
             operation posted on the same memory).
+        ft_spares: ``HPCCOMM_FT_SPARES`` (``hpccomm-run --ft --spares K``
+            sets it): in fault-tolerant mode, how many of the job's processes,
+            the last ones, are spares: not ranks, waiting inside
+            ``init_process_group`` until a dead rank's place is theirs
+            (:mod:`hpccomm.fault_tolerance.spares`). 0 by default.
         store: ``HPCCOMM_STORE``: the job's store, where MASTER_ADDR and
             MASTER_PORT are not set (:mod:`hpccomm.rendezvous`): ``auto``
             (served over MPI by a thread of rank 0, :mod:`hpccomm.store`,
@@ -205,6 +222,7 @@ class Config:
     ucc_in_place: str
     ft: bool
     ft_keep_bytes: int
+    ft_spares: int
     store: str
 
 
@@ -224,6 +242,7 @@ def _read() -> Config:
         ucc_in_place=_choice("HPCCOMM_UCC_IN_PLACE", ("scratch", "native", "tuned")),
         ft=_flag("HPCCOMM_FT"),
         ft_keep_bytes=_size("HPCCOMM_FT_KEEP_BYTES", 64 << 10),
+        ft_spares=_count("HPCCOMM_FT_SPARES"),
         store=_choice("HPCCOMM_STORE", ("auto", "mpi", "file", "tcp")),
     )
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from . import flight_recorder
-from .world import GOODBYE_TAG, RECORDED_TAG, Identity, control, mpi, mpi_world_ranks, on_identity
+from .world import GOODBYE_TAG, RECORDED_TAG, Identity, control, identity, mpi, mpi_world_ranks, on_identity
 
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
 #: which an abort would otherwise cut off.
@@ -64,7 +64,11 @@ _GOODBYE_WAIT_S = 2.0
 _ABORT_WAIT_S = 3
 
 _control: Any = None
+#: This rank's world rank (for messages) and its rank on the control communicator (for goodbyes).
 _rank = -1
+_me = -1
+#: Control ranks whose goodbye receive was ever posted: each gets one, however the world changes.
+_posted: set[int] = set()
 _departed: set[int] = set()
 _first_seen: dict[int, float] = {}
 #: peer rank -> (posted receive for its goodbye, its 1-byte buffer)
@@ -88,26 +92,42 @@ class PeerExitedError(RuntimeError):
 
 
 def install(rank: int, world_size: int) -> None:
-    """Arm fail-fast for this process (idempotent; nothing for a world of one)."""
-    global _control, _rank
-    if _control is not None or world_size < 2:
+    """Arm fail-fast for this process (nothing for a world of one); again after the world changed.
+
+    A receive is posted for the goodbye of each world rank, by its rank on the
+    control communicator (``MPI_COMM_WORLD``'s): again after a shrink or a
+    repair renumbered the world (:func:`hpccomm.world.rebase`), for a newcomer
+    only. Processes of the job that are not ranks (fault-tolerant mode's
+    spares) neither get nor send goodbyes.
+    """
+    global _control, _rank, _me
+    if world_size < 2:
         return
     MPI = mpi()
     _rank = rank
-    _control = control()
-    for peer in range(world_size):
-        if peer != rank:
-            buf = bytearray(1)
-            _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, GOODBYE_TAG), buf)
-    sys.excepthook = _aborting_hook(sys.excepthook)
-    atexit.register(_say_goodbye)
+    if _control is None:
+        _control = control()
+        _me = _control.Get_rank()
+        sys.excepthook = _aborting_hook(sys.excepthook)
+        atexit.register(_say_goodbye)
+    with _inbox_lock:
+        for peer in _peers():
+            if peer not in _inbox and peer not in _departed and peer not in _posted:
+                buf = bytearray(1)
+                _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, GOODBYE_TAG), buf)
+                _posted.add(peer)
+
+
+def _peers() -> list[int]:
+    """The other world ranks, as ranks of the control communicator."""
+    return [peer for peer in mpi_world_ranks(range(identity().world_size)) if peer != _me]
 
 
 def _arm(identity: Identity) -> None:
     install(identity.rank, identity.world_size)
 
 
-on_identity(_arm)  # armed as MPI starts: importing hpccomm imports this module first
+on_identity(_arm)  # armed as MPI starts (importing hpccomm imports this module first), and at each rebase
 
 
 def after_goodbye(step: Callable[[], None]) -> bool:
@@ -161,12 +181,11 @@ def _send_goodbyes(word: bytes) -> list[Any]:
     _goodbyes_sent = True
     token = bytearray(word)
     sends = []
-    for peer in range(_control.Get_size()):
-        if peer != _rank:
-            try:
-                sends.append(_control.Isend((token, MPI.BYTE), peer, GOODBYE_TAG))
-            except MPI.Exception:
-                pass  # fault-tolerant mode: the peer died
+    for peer in _peers():
+        try:
+            sends.append(_control.Isend((token, MPI.BYTE), peer, GOODBYE_TAG))
+        except MPI.Exception:
+            pass  # fault-tolerant mode: the peer died
     return sends
 
 
@@ -181,9 +200,8 @@ def _gather_records() -> None:
     flight_recorder.write(_rank)
     MPI = mpi()
     answers = {}
-    for peer in range(_control.Get_size()):
-        if peer != _rank:  # posted before the asks, so every answer finds its receive
-            answers[peer] = _control.Irecv((bytearray(1), MPI.BYTE), peer, RECORDED_TAG)
+    for peer in _peers():  # posted before the asks, so every answer finds its receive
+        answers[peer] = _control.Irecv((bytearray(1), MPI.BYTE), peer, RECORDED_TAG)
     _send_goodbyes(_FAILING)
     # Each peer is settled by a fact: its answer, or its goodbye. The bound is only for a peer that can give
     # neither (busy outside hpccomm, or hung): torch's own bound on one dump, which NCCL's heartbeat monitor also

@@ -67,6 +67,10 @@ def register() -> None:
         dist.Backend.register_backend(BACKEND_NAME, _create_group, extended_api=True, devices=device_routes.devices())
     world.before_start(device_routes.load_ucc_first)
     rendezvous.install()
+    if settings.ft and settings.ft_spares:
+        from .fault_tolerance import spares
+
+        spares.install()
     if BACKEND_SHAPE:
         torch_gaps.mend()
     _register_dist2()
@@ -111,7 +115,7 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
         rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
         if settings.ft:
             _check_fault_tolerance()
-        return _build(_world_communicator(fresh=True), list(range(ident.world_size)), opts.timeout, world_group=True)
+        return _build_world(world.members().Dup(), opts.timeout)
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
     MPI = world.mpi()
@@ -143,29 +147,42 @@ def _check_fault_tolerance() -> None:
 
 
 def _world_communicator(fresh: bool) -> Any:
-    """hpccomm's duplicate of MPI_COMM_WORLD; a new one for each default group."""
-    global _world_comm
+    """hpccomm's duplicate of the world's communicator (:func:`hpccomm.world.members`); a new one for each default group."""
     if fresh or _world_comm is None:
-        if _world_comm is not None:
-            _world_comm.Free()  # the previous default group's; its subgroups own their comms
-        _world_comm = world.mpi().COMM_WORLD.Dup()
-        return _world_comm.Dup()
+        comm = world.members().Dup()
+        _keep_world(comm)
+        return comm
     return _world_comm
 
 
-def _build_shrunk_world(comm: Any, timeout: timedelta) -> Front:
-    """The survivors' default group, after ``dist.shrink_group`` of the default group (fault-tolerant mode).
+def _keep_world(comm: Any) -> None:
+    """Keep a duplicate of the default group's ``comm``: the parent of the groups made from it. Collective."""
+    global _world_comm
+    if _world_comm is not None:
+        _world_comm.Free()  # the previous default group's; its subgroups own their comms
+    _world_comm = comm.Dup()
 
-    The survivors become hpccomm's world (:func:`hpccomm.world.rebase`),
-    numbered as torch numbers its new default group, so that groups made
+
+def _build_world(comm: Any, timeout: timedelta) -> Front:
+    """The default group on ``comm``, a duplicate of the world's communicator that it owns. Collective.
+
+    The same steps on every rank, whether the job starts, or a spare takes a
+    dead rank's place while the survivors rebuild their group
+    (:mod:`hpccomm.fault_tolerance.spares`).
+    """
+    _keep_world(comm)
+    return _build(comm, list(range(comm.Get_size())), timeout, world_group=True)
+
+
+def _build_shrunk_world(comm: Any, timeout: timedelta) -> Front:
+    """The survivors' default group, after a shrink or a repair of the default group (fault-tolerant mode).
+
+    The processes of ``comm`` become hpccomm's world (:func:`hpccomm.world.rebase`),
+    numbered as torch numbers the new default group, so that groups made
     from then on, ``hpccomm.identity()`` and ``hpccomm.topology()`` follow.
     """
-    global _world_comm
     world.rebase(comm)
-    if _world_comm is not None:
-        _world_comm.Free()
-    _world_comm = comm.Dup()
-    return _build(comm, list(range(comm.Get_size())), timeout, world_group=True)
+    return _build_world(comm.Dup(), timeout)
 
 
 def _build(comm: Any, global_ranks: Sequence[int], timeout: timedelta, world_group: bool = False) -> Front:

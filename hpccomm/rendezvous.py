@@ -93,7 +93,7 @@ def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
     kind = store_kind(ident)
     if kind == "mpi":
         return MPIStore(timeout)
-    comm = world.mpi().COMM_WORLD
+    comm = world.members()
     if kind == "file":
         path = _private_file() if ident.rank == 0 else None
         # FileStore reopens its file on every operation, its destructor

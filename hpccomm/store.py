@@ -277,8 +277,11 @@ class _Server:
         self._tables.serve(generation, op, args, timeout_s, answer)
 
     def _everyone_left(self) -> bool:
+        """Whether every other world rank has said goodbye or failed (spares, processes but not ranks, never ask)."""
         failed = _failed_ranks(self._comm)
-        return all(rank in self._goodbyes or rank in failed for rank in range(1, self._comm.size))
+        me = self._comm.Get_rank()
+        ranks = world.mpi_world_ranks(range(world.identity().world_size))
+        return all(rank in self._goodbyes or rank in failed for rank in ranks if rank != me)
 
     def stop(self) -> None:
         """Serve until every other rank has said goodbye (or failed, or GOODBYE_WAIT_S passed), then stop."""

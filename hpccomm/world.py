@@ -120,8 +120,23 @@ def on_identity(step: Callable[[Identity], None]) -> None:
         _on_identity.append(step)
 
 
+def set_membership(choose: Callable[[Any], Any]) -> None:
+    """Let ``choose`` say which processes of ``MPI_COMM_WORLD`` are the world, as MPI starts.
+
+    ``choose(MPI_COMM_WORLD)`` is called on every process, collectively, and
+    returns the communicator whose ranks are the world: fault-tolerant mode's
+    spares (:mod:`hpccomm.fault_tolerance.spares`) are processes of the job but
+    not ranks, and a spare's call returns only once it has taken a rank's place.
+    """
+    global _membership
+    _membership = choose
+
+
 _before_start: list[Callable[[], None]] = []
 _on_identity: list[Callable[[Identity], None]] = []
+_membership: Callable[[Any], Any] | None = None
+#: The communicator whose ranks are the world's (MPI_COMM_WORLD, unless spares or a shrink say otherwise).
+_members: Any = None
 
 
 def _import_mpi() -> "_MPI":
@@ -205,7 +220,10 @@ def identity() -> Identity:
         if _identity is None:
             try:
                 _control = mpi().COMM_WORLD.Dup()
-                _identity = _discover()
+                if _membership is not None:
+                    _rebased(_membership(mpi().COMM_WORLD))
+                else:
+                    _identity = _discover()
             except mpi().Exception:
                 # A rank died while MPI started (fault-tolerant mode: the job goes on): this process
                 # raises, and MPI_Finalize at its exit would wait for the dead rank without end.
@@ -229,6 +247,15 @@ def control() -> Any:
     """
     identity()
     return _control
+
+
+def members() -> Any:
+    """The communicator whose ranks are the world's ranks: ``MPI_COMM_WORLD``, until spares or a shrink differ.
+
+    Owned by this module: a caller duplicates it, never frees it.
+    """
+    identity()
+    return _members if _members is not None else mpi().COMM_WORLD
 
 
 def nodes() -> WorldNodes:
@@ -272,23 +299,33 @@ _mpi_world_ranks: tuple[int, ...] | None = None
 
 
 def rebase(comm: Any) -> Identity:
-    """Make the processes of ``comm`` the world: the survivors of a shrink of the default group.
+    """Make the processes of ``comm`` the world: the survivors of a shrink of the default group, or a repair.
 
-    Collective over ``comm``. From then on :func:`identity`, :func:`nodes`
-    and ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are those
-    of ``comm``'s ranks, as torch renumbers its default group
+    Collective over ``comm``, which this module then keeps (:func:`members`).
+    From then on :func:`identity`, :func:`nodes` and
+    ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` are those of
+    ``comm``'s ranks, as torch numbers its default group, and the steps given
+    to :func:`on_identity` run again (fail-fast learns of newcomers)
     (fault-tolerant mode, :mod:`hpccomm.fault_tolerance`).
     """
-    global _identity, _mpi_world_ranks
-    MPI = mpi()
     identity()
     with _lock:
-        _identity = _discover(comm)
-        _mpi_world_ranks = tuple(
-            MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), MPI.COMM_WORLD.Get_group())
-        )
-        _export_env(_identity)
+        _rebased(comm)
+        steps = list(_on_identity)
+    for step in steps:
+        step(_identity)
     return _identity
+
+
+def _rebased(comm: Any) -> None:
+    global _identity, _mpi_world_ranks, _members
+    MPI = mpi()
+    _identity = _discover(comm)
+    _mpi_world_ranks = tuple(
+        MPI.Group.Translate_ranks(comm.Get_group(), list(range(comm.Get_size())), MPI.COMM_WORLD.Get_group())
+    )
+    _members = comm
+    _export_env(_identity)
 
 
 def mpi_world_ranks(ranks: Iterable[int]) -> list[int]:

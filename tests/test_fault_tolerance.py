@@ -188,16 +188,33 @@ def test_hpccomm_run_ft_starts_open_mpi_with_ulfm():
         return
     assert proc.returncode == 0, proc.stderr
     assert "--with-ft ulfm" in proc.stdout and "export HPCCOMM_FT=1" in proc.stdout, proc.stdout
+    # Spares are processes beyond the ranks asked for, and only in fault-tolerant mode.
+    spares = subprocess.run([*HPCCOMM_RUN, "--ft", "--spares", "2", "--dry-run", "-n", "3", sys.executable, "x.py"],
+                            capture_output=True, text=True, timeout=60)
+    assert spares.returncode == 0 and "export HPCCOMM_FT_SPARES=2" in spares.stdout, spares.stdout + spares.stderr
+    assert " -n 5 " in spares.stdout, spares.stdout
+    alone = subprocess.run([*HPCCOMM_RUN, "--spares", "1", "--dry-run", "-n", "3", sys.executable, "x.py"],
+                           capture_output=True, text=True, timeout=60)
+    assert alone.returncode != 0 and "--ft" in alone.stderr, alone.stdout + alone.stderr
 
 
-def test_the_example_recovers_from_a_death_in_the_middle_of_a_backward_pass():
+@pytest.mark.parametrize("spares", [0, 2])
+def test_the_example_recovers_from_a_death_in_the_middle_of_a_backward_pass(spares):
     # One run of examples/train_ft.py (benchmarks/ft_recovery.py runs it ten times, with other seeds):
-    # seed 7 kills rank 2 at step 5 of 20 with DDP's first gradient bucket in flight.
+    # seed 7 kills rank 2 at step 5 of 20 with DDP's first gradient bucket in flight. Without spares the
+    # survivors shrink to 3; with two, one spare takes rank 2's place (its shard, its number), and the
+    # other, never needed, leaves at the end with the job.
     example = Path(__file__).resolve().parent.parent / "examples" / "train_ft.py"
-    run = run_ranks(4, str(example), "--steps", "20", "--seed", "7", launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
+    extra = ["--spares", str(spares)] if spares else []
+    run = run_ranks(4, str(example), "--steps", "20", "--seed", "7", *extra,
+                    launcher=[*HPCCOMM_RUN, "--ft", *extra], limit_s=120)
     if refused(run):
         return
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
     result = json.loads(re.search(r"^RESULT (.*)$", run.output, re.MULTILINE).group(1))
-    assert result["failed"] == [result["victim"]] and result["world_after"] == 3, result
+    assert result["failed"] == [result["victim"]] and result["world_after"] == (4 if spares else 3), result
     assert result["ok"] and result["max_diff"] <= 1e-4, result
+    if spares:
+        assert result["replaced"] == 1, result
+        # The replacement took the dead rank's number: four ranks, each once, recovered at full size.
+        assert sorted(re.findall(r"RECOVERED rank=(\d+)/4", run.output)) == ["0", "1", "2", "3"], run.output[-6000:]

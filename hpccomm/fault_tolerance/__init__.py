@@ -13,6 +13,10 @@ One idea a module:
   (:mod:`.kept_results`); ``dist.shrink_group`` builds their group;
 * :mod:`.processes`: a node's ranks' processes, watched while an operation
   waits in shared memory, and ended once agreed failed;
+* :mod:`.spares`: processes held back at launch (``--spares``) that take dead
+  ranks' places, the group back at its size (:func:`repair`);
+* :mod:`.state`: the training state a replacement receives from a survivor
+  (:class:`TrainingState`);
 * :mod:`.availability`: refusing a job whose MPI cannot go on after a death.
 
 After a failure MPI is not finalised at exit
@@ -25,6 +29,8 @@ from __future__ import annotations
 from .agreement import Recovery
 from .availability import check_available
 from .errors import FailureSeen, PeerFailure, failed_ranks
+from .spares import is_replacement, repair
+from .state import TrainingState
 from .transport import FaultTolerantTransport, protect
 
 __all__ = [
@@ -32,7 +38,10 @@ __all__ = [
     "FaultTolerantTransport",
     "PeerFailure",
     "Recovery",
+    "TrainingState",
     "check_available",
     "failed_ranks",
+    "is_replacement",
     "protect",
+    "repair",
 ]

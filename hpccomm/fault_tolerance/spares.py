@@ -1,0 +1,234 @@
+"""Spares: processes held back at launch that take dead ranks' places (``hpccomm-run --ft --spares K``).
+
+The last K processes of the job are spares (``HPCCOMM_FT_SPARES``): not
+ranks, so ``dist.get_world_size()`` is the size asked for. A spare waits
+inside ``init_process_group`` on one receive, tested every
+:data:`_POLL_S` with a sleep between (a blocking MPI receive spins a core).
+
+After the survivors agree on a death, :func:`repair` (every survivor) revokes
+the *pool*, a communicator over every process of the job; each waiting
+spare's receive ends with the revoke, and survivors and spares shrink the
+pool together. The pool's lowest rank, always a survivor (the ranks come
+before the spares and spares are used in order), gives each dead rank a
+spare, and one split makes the new world: every survivor keeps its rank, and
+a spare takes the number of the rank it replaces, so data sharded by rank
+stays right. The spare's ``init_process_group`` then returns as that rank,
+while the survivors rebuild their default group in place on the new world
+(same ranks, same size; torch's group object, its name and device stay).
+With too few spares left, nothing is replaced and :func:`repair` falls back
+to ``dist.shrink_group``.
+
+At a clean end, world rank 0 tells each spare still waiting to leave; the
+spare finalises MPI (the others' ``MPI_Finalize`` waits for it) and exits
+with status 0 without running the rest of the program.
+
+Fenix (Sandia) recovers MPI programs with spares the same way: revoke,
+shrink, then spares fill the holes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import world
+from ..config import settings
+
+#: How often a waiting spare tests its receive: its wake-up latency, and its whole cost (measured 0.5% of
+#: a core at 10 ms on this 2-core VM: benchmarks/ft_stress.py --spare-cpu).
+_POLL_S = 0.01
+#: On the pool: "leave, the job is over", from world rank 0 to each spare still waiting.
+_LEAVE_TAG = 1
+#: How long rank 0 waits at exit for its words to the spares to be delivered.
+_LEAVE_WAIT_S = 2.0
+
+_pool: Any = None
+_replacement = False
+_failure_seen = False
+
+
+def install() -> None:
+    """Hold back the job's last ``HPCCOMM_FT_SPARES`` processes as spares as MPI starts (fault-tolerant mode)."""
+    if settings.ft and settings.ft_spares:
+        world.set_membership(_membership)
+
+
+def is_replacement() -> bool:
+    """Whether this process joined as a spare that took a dead rank's place (it then receives the state)."""
+    return _replacement
+
+
+def _membership(everyone: Any) -> Any:
+    """The world's communicator, for a rank; for a spare, once it has taken a rank's place. Collective."""
+    global _pool
+    MPI = world.mpi()
+    spares = settings.ft_spares
+    ranks = everyone.Get_size() - spares
+    if ranks < 1:
+        raise RuntimeError(
+            f"hpccomm: HPCCOMM_FT_SPARES={spares} leaves no rank in a job of {everyone.Get_size()} processes; "
+            "start the ranks plus the spares (hpccomm-run --ft --spares K -n N starts N + K)"
+        )
+    _pool = everyone.Dup()
+    _pool.Set_errhandler(MPI.ERRORS_RETURN)
+    me = everyone.Get_rank()
+    active = everyone.Split(0 if me < ranks else MPI.UNDEFINED, me)
+    if me < ranks:
+        atexit.register(_release_spares)
+        return active
+    return _wait()
+
+
+def _wait() -> Any:
+    """A spare's life until it replaces a rank (returns the new world) or the job ends (exits)."""
+    global _pool, _replacement, _failure_seen
+    MPI = world.mpi()
+    while True:
+        word = bytearray(1)
+        request = _pool.Irecv((word, MPI.BYTE), MPI.ANY_SOURCE, _LEAVE_TAG)
+        while True:
+            try:
+                if request.Test():
+                    _leave()
+            except MPI.Exception:
+                _failure_seen = True
+                if _pool.Is_revoked():
+                    break  # the survivors repair: take part
+                try:
+                    _pool.Ack_failed()  # a death noticed before the revoke: go on waiting for it
+                except MPI.Exception:
+                    pass
+            time.sleep(_POLL_S)
+        comm = _regroup(None)
+        if comm is not None:
+            _replacement = True
+            world.skip_finalize()  # a rank of this job died: MPI_Finalize would wait for it
+            return comm
+
+
+def _leave() -> None:
+    """The job is over without this spare: finalise MPI as the ranks do, and exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    MPI = world.mpi()
+    if not _failure_seen and not MPI.Is_finalized():
+        MPI.Finalize()
+    os._exit(0)
+
+
+def _regroup(dead: Sequence[int] | None) -> Any:
+    """Revoke and shrink the pool, give spares the dead ranks' places, and split off the new world. Collective.
+
+    Args:
+        dead: on a survivor, the dead world ranks; None on a spare.
+
+    Returns:
+        the new world's communicator (ranks in world order); None for a spare
+        left waiting, and on every process when too few spares are alive.
+    """
+    global _pool
+    MPI = world.mpi()
+    try:
+        _pool.Revoke()
+    except MPI.Exception:
+        pass  # revoked already, by another survivor
+    pool = _pool.Shrink()
+    pool.Set_errhandler(MPI.ERRORS_RETURN)
+    _pool.Free()
+    _pool = pool
+    me = pool.Get_rank()
+    places = None
+    if dead is not None and me == 0:
+        in_world = set(world.mpi_world_ranks(range(world.identity().world_size)))
+        job = MPI.Group.Translate_ranks(pool.Get_group(), list(range(pool.Get_size())), MPI.COMM_WORLD.Get_group())
+        waiting = [index for index, process in enumerate(job) if process not in in_world]
+        places = dict(zip(waiting, sorted(dead))) if len(waiting) >= len(dead) else {}
+    places = pool.bcast(places, root=0)
+    if dead is not None:
+        rank = world.identity().rank if places else None
+    else:
+        rank = places.get(me)
+    comm = pool.Split(MPI.UNDEFINED if rank is None else 0, 0 if rank is None else rank)
+    return None if comm == MPI.COMM_NULL else comm
+
+
+def refill(dead: Sequence[int]) -> Any:
+    """On every survivor: the new world with spares in the dead ranks' places, or None if too few are left.
+
+    Args:
+        dead: the world ranks the survivors agreed are dead.
+    """
+    if _pool is None:
+        return None
+    return _regroup(list(dead))
+
+
+def _release_spares() -> None:
+    """At a clean exit, from world rank 0: tell each spare still waiting to leave."""
+    if _pool is None or world.identity().rank != 0:
+        return
+    MPI = world.mpi()
+    if MPI.Is_finalized():
+        return
+    in_world = set(world.mpi_world_ranks(range(world.identity().world_size)))
+    job = MPI.Group.Translate_ranks(_pool.Get_group(), list(range(_pool.Get_size())), MPI.COMM_WORLD.Get_group())
+    word = bytearray(1)
+    sends = []
+    for index, process in enumerate(job):
+        if process not in in_world:
+            try:
+                sends.append(_pool.Isend((word, MPI.BYTE), index, _LEAVE_TAG))
+            except MPI.Exception:
+                pass  # that spare died
+    deadline = time.monotonic() + _LEAVE_WAIT_S
+    while sends and time.monotonic() < deadline:
+        try:
+            sends = [request for request in sends if not request.Test()]
+        except MPI.Exception:
+            break
+        time.sleep(0.001)
+
+
+def repair(failed: Sequence[int]) -> int:
+    """Bring the default group back to its size after ranks died: spares take their places.
+
+    Called by every survivor, after a :class:`~hpccomm.PeerFailure` (or
+    ``hpccomm.failed_ranks()``) of the default group. Each spare that takes a
+    dead rank's place returns from its ``init_process_group`` as that rank;
+    the survivors' default group is rebuilt in place: the same torch group,
+    size and ranks. Other groups, and whatever used the default group (DDP),
+    must be made again, as after ``dist.shrink_group``. Then every rank,
+    replacements included, calls :meth:`TrainingState.resume
+    <hpccomm.fault_tolerance.state.TrainingState.resume>` to share the state.
+    With too few spares left, the default group is shrunk instead
+    (``dist.shrink_group(failed)``: ranks renumbered).
+
+    Args:
+        failed: the dead ranks, as agreed (``hpccomm.failed_ranks()``).
+
+    Returns:
+        the number of ranks replaced (0: the group was shrunk).
+
+    Raises:
+        ValueError: ``failed`` is not what the survivors agreed.
+        PeerFailure: a rank died while the group was rebuilt.
+    """
+    group = dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu"))
+    agreed = getattr(backend, "failed_ranks", None)
+    if not agreed or sorted(set(int(rank) for rank in failed)) != agreed:
+        raise ValueError(
+            f"hpccomm repair: failed={sorted(failed)} but the survivors agreed on {agreed}: pass "
+            "hpccomm.failed_ranks() (the default group's)"
+        )
+    if backend.refill(agreed):
+        return len(agreed)
+    dist.shrink_group(agreed)
+    return 0

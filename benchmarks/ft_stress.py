@@ -1,7 +1,7 @@
-"""Fault-tolerant mode under stress: ranks die at every moment, on every path, run after run (issue 32).
+"""Fault-tolerant mode under stress: ranks die at every moment, on every path, run after run (issues 32, 40).
 
-    python benchmarks/ft_stress.py [--rounds 1] [--moments before,mid,...] [--paths shm,flat,hier]
-                                   [--load off,on] [--dumps DIR] [--json FILE]
+    python benchmarks/ft_stress.py [--rounds 1] [--modes shrink,repair] [--moments before,mid,...]
+                                   [--paths shm,flat,hier] [--load off,on] [--dumps DIR] [--json FILE]
 
 Each round runs tests/ranks/ft_training.py once per scenario, under
 ``hpccomm-run --ft`` (Open MPI 5 with ULFM, torch >= 2.14): a training loop
@@ -16,6 +16,15 @@ nodes, tests/nodes.py: root, unshare); at 3 and 4 ranks, one victim or two;
 without and with a CPU-bound process beside the job (``--load``). The
 survivors shrink, redo the step and train 25 steps more, then check their
 ranks and values.
+
+Mode ``repair`` starts the job with spares (``hpccomm-run --ft --spares K``):
+the survivors call ``hpccomm.repair`` and every rank resumes with
+``hpccomm.TrainingState``; a spare takes each dead rank's place, and the job
+ends at its full size (one and two deaths, one and two spares, and a death
+as the survivors start the repair, ``repair``); with fewer spares than
+deaths it shrinks, and the spare left leaves at the end. Each replacement's
+``REPLACED`` line gives the time from the last death to the first step at
+full size (``back``).
 
 A run is a hang when it outlives 120 s: the ranks are sent SIGUSR1 (their
 Python stacks, every thread) and killed, and the output kept under
@@ -54,6 +63,14 @@ CASES = [
     *[(moment, n, "1" if n == 3 else "2") for moment in ("before", "between", "mid", "backward") for n in (3, 4)],
     ("before", 4, "1,2"), ("mid", 4, "1,2"), ("agreement", 4, "1,2"), ("shrink", 4, "1,2"), ("stop", 4, "2"),
 ]
+#: (moment, ranks, victims, spares) with spares: one death and one spare at 3 and 4 ranks, two deaths and two spares
+#: (at the same step, during the agreement, as the survivors start the repair), two deaths and one spare (too few:
+#: a shrink), one death and two spares (one left waiting until the end).
+REPAIR_CASES = [
+    *[(moment, n, "1" if n == 3 else "2", 1) for moment in ("before", "between", "mid", "backward") for n in (3, 4)],
+    ("before", 4, "1,2", 2), ("mid", 4, "1,2", 2), ("agreement", 4, "1,2", 2), ("repair", 4, "1,2", 2),
+    ("before", 4, "1,2", 1), ("between", 4, "2", 2),
+]
 #: A stopped rank is found by ULFM's heartbeat detector: its timeout, then the usual bound.
 STOPPED_WITHIN_S = FT_DETECTOR_TIMEOUT_S + DETECTED_WITHIN_S
 
@@ -67,36 +84,46 @@ class Outcome:
     ranks: int
     victims: str
     load: bool
+    spares: int
     wall_s: float
     verdict: str  # "ok", "hang", "wrong", "late"
     lags: list[float] = field(default_factory=list)
     uneven: int = 0
     in_shrink: int = 0
+    back: list[float] = field(default_factory=list)
     why: str = ""
 
 
-def run_once(path: str, moment: str, ranks: int, victims: str, load: bool, seed: int) -> tuple[Outcome, RankRun]:
-    args = (moment, victims, "--seed", str(seed))
+def run_once(path: str, moment: str, ranks: int, victims: str, load: bool, seed: int,
+             spares: int = 0) -> tuple[Outcome, RankRun]:
+    args = (moment, victims, "--seed", str(seed), "--spares", str(spares))
     # hpccomm-run --ft's environment (on fake nodes mpirun starts the ranks); a stopped rank needs ULFM's detector.
-    env = {**PATHS[path], **{setting.name: setting.value for setting in fault_tolerance_settings()},
+    env = {**PATHS[path], **{setting.name: setting.value for setting in fault_tolerance_settings(spares)},
            **(FT_DETECTOR_SETTINGS if moment == "stop" else {})}
     start = time.monotonic()
     if path == "hier":
-        per_node = [2, ranks - 2]
+        per_node = [2, ranks - 2 + spares]  # the spares are the job's last processes
         run = run_on_nodes(per_node, "ft_training.py", *args, env=env, launcher_options=["--with-ft", "ulfm"],
                            limit_s=LIMIT_S, stacks_on_timeout=True)
     else:
-        run = run_ranks(ranks, "ft_training.py", *args, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=LIMIT_S,
-                        stacks_on_timeout=True)
-    outcome = Outcome(path, moment, ranks, victims, load, round(time.monotonic() - start, 2), "ok")
-    judge(outcome, run, ranks, victims)
+        run = run_ranks(ranks, "ft_training.py", *args, env=env, launcher=[*HPCCOMM_RUN, "--ft", "--spares", str(spares)],
+                        limit_s=LIMIT_S, stacks_on_timeout=True)
+    outcome = Outcome(path, moment, ranks, victims, load, spares, round(time.monotonic() - start, 2), "ok")
+    judge(outcome, run, ranks, victims, spares)
     return outcome, run
 
 
-def judge(outcome: Outcome, run: RankRun, ranks: int, victims: str) -> None:
+def judge(outcome: Outcome, run: RankRun, ranks: int, victims: str, spares: int = 0) -> None:
     """Fill in the verdict, the lags and the counts from the run's output."""
-    survivors = {str(rank) for rank in range(ranks) if str(rank) not in victims.split(",")}
+    dead = victims.split(",")
+    survivors = {str(rank) for rank in range(ranks) if str(rank) not in dead}
+    if spares >= len(dead):
+        survivors = {str(rank) for rank in range(ranks)}  # replaced: every rank ends, at its number
     deaths = sorted(float(at) for at in re.findall(r"^DIED rank=\d+ at=([\d.]+)", run.output, re.MULTILINE))
+    for at in re.findall(r"^REPLACED rank=\d+ step=\d+ at=([\d.]+)", run.output, re.MULTILINE):
+        before = [death for death in deaths if death <= float(at)]
+        if before:
+            outcome.back.append(round(float(at) - before[-1], 4))
     for at, where, uneven in re.findall(r"^FAILED rank=\d+ step=\d+ at=([\d.]+) in=(\w+) uneven=(.*)$",
                                         run.output, re.MULTILINE):
         before = [death for death in deaths if death <= float(at)]
@@ -116,7 +143,8 @@ def judge(outcome: Outcome, run: RankRun, ranks: int, victims: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--moments", default="before,between,mid,backward,agreement,shrink")
+    parser.add_argument("--modes", default="shrink,repair", help="without spares (shrink) and/or with (repair)")
+    parser.add_argument("--moments", default="before,between,mid,backward,agreement,shrink,repair")
     parser.add_argument("--paths", default="shm,flat,hier")
     parser.add_argument("--load", default="off,on", help="without (off) and/or with (on) a CPU-bound process")
     parser.add_argument("--dumps", default="ft-stress-dumps", help="where the output of bad runs goes")
@@ -132,18 +160,22 @@ def main() -> None:
         for load in loads:
             hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load else None
             try:
+                cases = [(*case, 0) for case in CASES] if "shrink" in args.modes.split(",") else []
+                cases += REPAIR_CASES if "repair" in args.modes.split(",") else []
                 for path in paths:
-                    for moment, ranks, victims in CASES:
+                    for moment, ranks, victims, spares in cases:
                         if moment not in moments:
                             continue
-                        outcome, run = run_once(path, moment, ranks, victims, load, seed=round_)
+                        outcome, run = run_once(path, moment, ranks, victims, load, seed=round_, spares=spares)
                         outcomes.append(outcome)
                         if outcome.verdict != "ok":
                             dumps.mkdir(parents=True, exist_ok=True)
-                            name = f"{outcome.verdict}-{path}-{moment}-{ranks}-{victims}-{int(load)}-{round_}.txt"
+                            name = (f"{outcome.verdict}-{path}-{moment}-{ranks}-{victims}-s{spares}-{int(load)}-"
+                                    f"{round_}.txt")
                             (dumps / name).write_text(run.output)
-                        print(f"{len(outcomes)}: {path} {moment} n={ranks} victims={victims} load={int(load)}: "
-                              f"{outcome.verdict} {outcome.wall_s} s lags={outcome.lags}", flush=True)
+                        print(f"{len(outcomes)}: {path} {moment} n={ranks} victims={victims} spares={spares} "
+                              f"load={int(load)}: {outcome.verdict} {outcome.wall_s} s lags={outcome.lags} "
+                              f"back={outcome.back}", flush=True)
             finally:
                 if hog is not None:
                     hog.kill()
@@ -158,22 +190,24 @@ def report(outcomes: list[Outcome], took_s: float) -> None:
     """The table: one row a scenario, then the totals."""
     rows: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
-        rows.setdefault((o.path, o.moment, o.ranks, o.victims, o.load), []).append(o)
-    print("\n| path | moment | ranks | victims | load | runs | recovered | hangs | wrong | late | uneven "
-          "| death in shrink | lag median s | lag max s | wall median s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (path, moment, ranks, victims, load), group in rows.items():
-        print(f"| {path} | {moment} | {ranks} | {victims} | {'on' if load else 'off'} | " + summary(group))
-    print("| **all** | | | | | " + summary(outcomes))
+        rows.setdefault((o.path, o.moment, o.ranks, o.victims, o.spares, o.load), []).append(o)
+    print("\n| path | moment | ranks | victims | spares | load | runs | recovered | hangs | wrong | late | uneven "
+          "| death in shrink | lag median s | lag max s | back at full size median s | worst s | wall median s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for (path, moment, ranks, victims, spares, load), group in rows.items():
+        print(f"| {path} | {moment} | {ranks} | {victims} | {spares} | {'on' if load else 'off'} | " + summary(group))
+    print("| **all** | | | | | | " + summary(outcomes))
     print(f"\n{len(outcomes)} runs in {took_s / 60:.1f} min")
 
 
 def summary(group: list[Outcome]) -> str:
     lags = [lag for o in group for lag in o.lags]
+    back = [seconds for o in group for seconds in o.back]
     count = {verdict: sum(o.verdict == verdict for o in group) for verdict in ("ok", "hang", "wrong", "late")}
     return (f"{len(group)} | {count['ok']} | {count['hang']} | {count['wrong']} | {count['late']} | "
             f"{sum(o.uneven > 0 for o in group)} | {sum(o.in_shrink > 0 for o in group)} | "
             f"{f'{statistics.median(lags):.3f}' if lags else '-'} | {f'{max(lags):.3f}' if lags else '-'} | "
+            f"{f'{statistics.median(back):.3f}' if back else '-'} | {f'{max(back):.3f}' if back else '-'} | "
             f"{statistics.median(o.wall_s for o in group):.1f} |")
 
 

@@ -214,8 +214,8 @@ class HpccommBackend(Front, Backend):
         remaining = [self._global_ranks[rank] for rank in range(self._size) if rank not in excluded]
         return self._recovery.rebuild(excluded, lambda comm: self._make_child(comm, remaining, timeout))
 
-    def refill(self, dead: Sequence[int]) -> bool:
-        """The default group back at its size, in place, with spares in the ``dead`` ranks' places.
+    def refill(self) -> bool:
+        """The default group back at its size, in place, with spares in the dead ranks' places.
 
         Called by the survivors only (:func:`hpccomm.fault_tolerance.spares.repair`).
         The new world keeps every survivor's rank; this object (torch's group
@@ -226,7 +226,7 @@ class HpccommBackend(Front, Backend):
             raise RuntimeError("hpccomm repair: only the default group, in fault-tolerant mode, is repaired with spares")
         from .fault_tolerance import spares
 
-        comm = spares.refill(dead)
+        comm = spares.refill()
         if comm is None:
             return False
         rebuilt = self._make_world(comm, timedelta(seconds=self._timeout_s))

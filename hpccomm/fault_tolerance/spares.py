@@ -88,7 +88,7 @@ def _membership(everyone: Any) -> Any:
 
 def _wait() -> Any:
     """A spare's life until it replaces a rank (returns the new world) or the job ends (exits)."""
-    global _pool, _replacement, _failure_seen
+    global _replacement, _failure_seen
     MPI = world.mpi()
     while True:
         word = bytearray(1)
@@ -106,7 +106,7 @@ def _wait() -> Any:
                 except MPI.Exception:
                     pass
             time.sleep(_POLL_S)
-        comm = _regroup(None)
+        comm = _regroup(member=False)
         if comm is not None:
             _replacement = True
             world.skip_finalize()  # a rank of this job died: MPI_Finalize would wait for it
@@ -123,11 +123,17 @@ def _leave() -> None:
     os._exit(0)
 
 
-def _regroup(dead: Sequence[int] | None) -> Any:
+def _regroup(member: bool) -> Any:
     """Revoke and shrink the pool, give spares the dead ranks' places, and split off the new world. Collective.
 
+    The dead are read off the shrunk pool itself (the world ranks whose
+    process is not in it), so a rank that dies while the survivors repair is
+    one more dead rank, not a hole. A death during the round (an error on any
+    process, which then revokes the pool, or a failure ULFM's agreement
+    reports) starts another round, on every process alike.
+
     Args:
-        dead: on a survivor, the dead world ranks; None on a spare.
+        member: whether this process is a rank of the world (a survivor); else a spare.
 
     Returns:
         the new world's communicator (ranks in world order); None for a spare
@@ -135,39 +141,45 @@ def _regroup(dead: Sequence[int] | None) -> Any:
     """
     global _pool
     MPI = world.mpi()
-    try:
-        _pool.Revoke()
-    except MPI.Exception:
-        pass  # revoked already, by another survivor
-    pool = _pool.Shrink()
-    pool.Set_errhandler(MPI.ERRORS_RETURN)
-    _pool.Free()
-    _pool = pool
-    me = pool.Get_rank()
-    places = None
-    if dead is not None and me == 0:
-        in_world = set(world.mpi_world_ranks(range(world.identity().world_size)))
-        job = MPI.Group.Translate_ranks(pool.Get_group(), list(range(pool.Get_size())), MPI.COMM_WORLD.Get_group())
-        waiting = [index for index, process in enumerate(job) if process not in in_world]
-        places = dict(zip(waiting, sorted(dead))) if len(waiting) >= len(dead) else {}
-    places = pool.bcast(places, root=0)
-    if dead is not None:
-        rank = world.identity().rank if places else None
-    else:
-        rank = places.get(me)
-    comm = pool.Split(MPI.UNDEFINED if rank is None else 0, 0 if rank is None else rank)
-    return None if comm == MPI.COMM_NULL else comm
+    while True:
+        try:
+            _pool.Revoke()
+        except MPI.Exception:
+            pass  # revoked already, by another process
+        pool = _pool.Shrink()
+        pool.Set_errhandler(MPI.ERRORS_RETURN)
+        _pool.Free()
+        _pool = pool
+        comm = None
+        try:
+            places = _places(pool) if member and pool.Get_rank() == 0 else None
+            places = pool.bcast(places, root=0)
+            rank = (world.identity().rank if places else None) if member else places.get(pool.Get_rank())
+            comm = pool.Split(MPI.UNDEFINED if rank is None else 0, 0 if rank is None else rank)
+            if pool.Agree(1) == 1:
+                return None if comm == MPI.COMM_NULL else comm
+        except MPI.Exception:
+            pass
+        if comm is not None and comm != MPI.COMM_NULL:
+            comm.Free()
 
 
-def refill(dead: Sequence[int]) -> Any:
-    """On every survivor: the new world with spares in the dead ranks' places, or None if too few are left.
+def _places(pool: Any) -> dict[int, int]:
+    """Which spare (rank in ``pool``) takes which dead world rank: all of them, or {} if too few spares live."""
+    MPI = world.mpi()
+    job = MPI.Group.Translate_ranks(pool.Get_group(), list(range(pool.Get_size())), MPI.COMM_WORLD.Get_group())
+    alive = set(job)
+    members = world.mpi_world_ranks(range(world.identity().world_size))
+    dead = [rank for rank, process in enumerate(members) if process not in alive]
+    waiting = [index for index, process in enumerate(job) if process not in set(members)]
+    return dict(zip(waiting, dead)) if len(waiting) >= len(dead) else {}
 
-    Args:
-        dead: the world ranks the survivors agreed are dead.
-    """
+
+def refill() -> Any:
+    """On every survivor: the new world with spares in every dead rank's place, or None if too few are left."""
     if _pool is None:
         return None
-    return _regroup(list(dead))
+    return _regroup(member=True)
 
 
 def _release_spares() -> None:
@@ -228,7 +240,8 @@ def repair(failed: Sequence[int]) -> int:
             f"hpccomm repair: failed={sorted(failed)} but the survivors agreed on {agreed}: pass "
             "hpccomm.failed_ranks() (the default group's)"
         )
-    if backend.refill(agreed):
-        return len(agreed)
+    before = set(world.mpi_world_ranks(range(world.identity().world_size)))
+    if backend.refill():
+        return len(before - set(world.mpi_world_ranks(range(world.identity().world_size))))
     dist.shrink_group(agreed)
     return 0

@@ -1,7 +1,7 @@
 """A training loop that loses ranks at a chosen moment and trains on: fault-tolerant mode end to end.
 
-Usage, under ``hpccomm-run --ft`` (or on fake nodes with ``--with-ft ulfm``):
-    ft_training.py <when> <victims> [--steps N] [--kill-step K] [--seed S]
+Usage, under ``hpccomm-run --ft [--spares K]`` (or on fake nodes with ``--with-ft ulfm``):
+    ft_training.py <when> <victims> [--steps N] [--kill-step K] [--seed S] [--spares K]
 
 Every step all-reduces a gradient (or, ``backward``, runs a DDP step). At
 step K the victims (comma-separated ranks) SIGKILL themselves:
@@ -17,6 +17,9 @@ step K the victims (comma-separated ranks) SIGKILL themselves:
         the failure and dies inside its ``dist.shrink_group``, at one of three
         points of building the new group (picked by the seed): before its
         transports, before its failure state, before the group is returned;
+    repair (with spares): the first victim before its all_reduce; the second
+        takes part in the failure and dies as it enters ``hpccomm.repair``,
+        while the survivors and the spares regroup;
     stop: the victims SIGSTOP themselves before the step's all_reduce, alive
         but silent: ULFM's heartbeat detector, where it is turned on
         (hpccomm_run.FT_DETECTOR_SETTINGS), must make them failed ranks, and a
@@ -29,12 +32,17 @@ step K the victims (comma-separated ranks) SIGKILL themselves:
         (hpccomm.fault_tolerance.kept_results), or the survivors would redo different steps.
 A survivor catches ``hpccomm.PeerFailure`` (DDP: the RuntimeError around it,
 ``hpccomm.failed_ranks()``), shrinks the default group (again, if a rank died
-while it was shrunk), and redoes the step: the program a user writes.
+while it was shrunk), and redoes the step: the program a user writes. With
+``--spares K`` (the job started with as many spares) it repairs instead
+(``hpccomm.repair``: spares take the dead ranks' places, or, too few left, it
+shrinks), and every rank, the replacements too, resumes from the latest step
+with its state (``hpccomm.TrainingState``).
 
-At the end each survivor checks: the world is the survivors, renumbered in
-order; every survivor ran every step once (the sum of the step gradients is
-exact in float64); DDP's parameters equal a one-process replay and each
-other. Prints ``DIED rank=R at=T`` (victims), ``FAILED rank=R step=S at=T
+At the end each rank checks: the world is the survivors, renumbered in
+order (or, repaired, every rank at its number, replacements at the dead
+ones'); every step ran once (the sum of the step gradients is exact in
+float64, a replacement's taken over from a survivor); DDP's parameters equal
+a one-process replay and each other. Prints ``DIED rank=R at=T`` (victims), ``FAILED rank=R step=S at=T
 in=<op|shrink> uneven=U`` per PeerFailure, ``OK rank=R`` (original ranks; T
 is time.time(), one clock across fake nodes). SIGUSR1 dumps every thread's
 stack (tests/launch.py sends it to a hung run before killing it).
@@ -57,17 +65,31 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 parser = argparse.ArgumentParser()
-parser.add_argument("when", choices=["before", "between", "mid", "backward", "agreement", "shrink", "stop", "uneven"])
+parser.add_argument("when", choices=["before", "between", "mid", "backward", "agreement", "shrink", "repair", "stop",
+                                     "uneven"])
 parser.add_argument("victims")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--kill-step", type=int, default=5)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--spares", type=int, default=0, help="the job's spares: repair rather than shrink")
 args = parser.parse_args()
 
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
+                               torch.nn.Linear(64, 1))
+
+
+# Before the group: a spare builds them while it waits (torch's first optimizer takes about 1 s here).
+model = make_model()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
 VICTIMS = [int(v) for v in args.victims.split(",")]
 SURVIVORS = [rank for rank in range(SIZE) if rank not in VICTIMS]
+#: Repaired (every victim replaced), or shrunk (no spares, or too few for all of them).
+REPAIRED = args.spares >= len(VICTIMS)
 jitter = random.Random(args.seed * 1000 + RANK)
 N = (1 << 18) if args.when == "mid" else 64
 
@@ -75,12 +97,6 @@ N = (1 << 18) if args.when == "mid" else 64
 def die(how: int = signal.SIGKILL) -> None:
     print(f"DIED rank={RANK} at={time.time():.6f}", flush=True)
     os.kill(os.getpid(), how)
-
-
-def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 64), torch.nn.Tanh(),
-                               torch.nn.Linear(64, 1))
 
 
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,25 +174,47 @@ def fail_once_completed(victim_pid: int) -> None:
 
 
 def shrink(failed: list[int]) -> None:
-    """``dist.shrink_group`` until it succeeds: a rank may die while the group is shrunk."""
+    """``dist.shrink_group`` (or, with spares, ``hpccomm.repair``) until it succeeds: a rank may die meanwhile."""
     while True:
         try:
-            dist.shrink_group(failed)
+            if args.spares:
+                hpccomm.repair(failed)
+            else:
+                dist.shrink_group(failed)
             return
         except hpccomm.PeerFailure as error:
             print(f"FAILED rank={RANK} step={step} at={time.time():.6f} in=shrink uneven={error.uneven}", flush=True)
             failed = error.failed_ranks
 
 
-pids = [torch.zeros(1, dtype=torch.int64) for _ in range(SIZE)]
-dist.all_gather(pids, torch.tensor([os.getpid()]))
-model = make_model()
-optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+class Progress:
+    """What a replacement takes over besides the model: the sum of the steps so far, and whether the deaths came."""
+
+    def __init__(self) -> None:
+        self.total = torch.zeros(N, dtype=torch.float64)
+        self.died = False
+
+    def state_dict(self) -> dict:
+        return {"total": self.total, "died": self.died}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.total.copy_(state["total"])
+        self.died = state["died"]
+
+
+progress = Progress()
+total = progress.total
+state = hpccomm.TrainingState(model=model, optimizer=optimizer, progress=progress)
+if hpccomm.is_replacement():
+    step = state.resume(0)
+    print(f"REPLACED rank={RANK} step={step} at={time.time():.6f}", flush=True)
+else:
+    pids = [torch.zeros(1, dtype=torch.int64) for _ in range(SIZE)]
+    dist.all_gather(pids, torch.tensor([os.getpid()]))
+    step = 0
 ddp = DDP(model, bucket_cap_mb=0.001) if args.when == "backward" else None
-total = torch.zeros(N, dtype=torch.float64)
-step = 0
 while step < args.steps:
-    killing = step == args.kill_step and RANK in VICTIMS and dist.get_world_size() == SIZE
+    killing = step == args.kill_step and RANK in VICTIMS and not progress.died
     try:
         if args.when == "backward":
             if killing:
@@ -190,7 +228,7 @@ while step < args.steps:
                 if args.when == "mid":
                     dist.all_reduce(grad, async_op=True)
                     die()
-                if args.when == "before" or (args.when in ("agreement", "shrink") and RANK == VICTIMS[0]):
+                if args.when == "before" or (args.when in ("agreement", "shrink", "repair") and RANK == VICTIMS[0]):
                     die()
                 if args.when == "stop":
                     die(signal.SIGSTOP)
@@ -209,20 +247,26 @@ while step < args.steps:
             raise
         print(f"FAILED rank={RANK} step={step} at={time.time():.6f} in=op uneven={getattr(error, 'uneven', '?')}",
               flush=True)
+        progress.died = True
         if killing and args.when == "shrink":
             die_inside_shrink()
+        if killing and args.when == "repair" and RANK != VICTIMS[0]:
+            die()
         shrink(failed)
+        if args.spares:
+            step = state.resume(step)
         if ddp is not None:
             ddp = DDP(model, bucket_cap_mb=0.001)
 
 problems = []
 world = dist.get_world_size()
-if world != len(SURVIVORS) or dist.get_rank() != SURVIVORS.index(RANK):
-    problems.append(f"world {dist.get_rank()}/{world}, expected {SURVIVORS.index(RANK)}/{len(SURVIVORS)}")
+expected = list(range(SIZE)) if REPAIRED else SURVIVORS
+if world != len(expected) or dist.get_rank() != expected.index(RANK):
+    problems.append(f"world {dist.get_rank()}/{world}, expected {expected.index(RANK)}/{len(expected)}")
 ranks = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
 dist.all_gather(ranks, torch.tensor([RANK]))
-if [int(r) for r in ranks] != SURVIVORS:
-    problems.append(f"the new world's ranks are {[int(r) for r in ranks]}, expected {SURVIVORS}")
+if [int(r) for r in ranks] != expected:
+    problems.append(f"the new world's ranks are {[int(r) for r in ranks]}, expected {expected}")
 if ddp is None:
     expected = args.steps * (args.steps + 1) / 2
     if not torch.equal(total, torch.full_like(total, expected)):

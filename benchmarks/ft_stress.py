@@ -64,11 +64,13 @@ CASES = [
     ("before", 4, "1,2"), ("mid", 4, "1,2"), ("agreement", 4, "1,2"), ("shrink", 4, "1,2"), ("stop", 4, "2"),
 ]
 #: (moment, ranks, victims, spares) with spares: one death and one spare at 3 and 4 ranks, two deaths and two spares
-#: (at the same step, during the agreement, as the survivors start the repair), two deaths and one spare (too few:
+#: (at the same step, during the agreement, as the survivors start the repair, while they and the replacement build
+#: the repaired group: ``shrink``), two deaths and one spare (too few:
 #: a shrink), one death and two spares (one left waiting until the end).
 REPAIR_CASES = [
     *[(moment, n, "1" if n == 3 else "2", 1) for moment in ("before", "between", "mid", "backward") for n in (3, 4)],
     ("before", 4, "1,2", 2), ("mid", 4, "1,2", 2), ("agreement", 4, "1,2", 2), ("repair", 4, "1,2", 2),
+    ("shrink", 4, "1,2", 2),
     ("before", 4, "1,2", 1), ("between", 4, "2", 2),
 ]
 #: A stopped rank is found by ULFM's heartbeat detector: its timeout, then the usual bound.

@@ -229,7 +229,10 @@ class HpccommBackend(Front, Backend):
         comm = spares.refill()
         if comm is None:
             return False
-        rebuilt = self._make_world(comm, timedelta(seconds=self._timeout_s))
+        make_world, timeout = self._make_world, timedelta(seconds=self._timeout_s)
+        rebuilt = spares.build_checked(comm, lambda comm: make_world(comm, timeout))
+        if rebuilt is None:
+            return False
         self._close("repaired")
         kept = {"_group_name": self._group_name, "_abort_hooks": self._abort_hooks}
         self.__dict__.update(rebuilt.__dict__)

@@ -19,6 +19,8 @@ call, matching torch, which only calls the backend on members.
 
 from __future__ import annotations
 
+import os
+import sys
 import zlib
 from datetime import timedelta
 from collections.abc import Sequence
@@ -115,6 +117,8 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
         rendezvous.check_user_identity(opts.group_rank, opts.group_size, ident)
         if settings.ft:
             _check_fault_tolerance()
+            if settings.ft_spares:
+                return _build_world_checked(opts.timeout)
         return _build_world(world.members().Dup(), opts.timeout)
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
@@ -172,6 +176,30 @@ def _build_world(comm: Any, timeout: timedelta) -> Front:
     """
     _keep_world(comm)
     return _build(comm, list(range(comm.Get_size())), timeout, world_group=True)
+
+
+def _build_world_checked(timeout: timedelta) -> Front:
+    """The default group where spares are held back: checked like the survivors' repaired group. Collective.
+
+    A replacement builds it as the survivors rebuild theirs, and a rank that
+    dies meanwhile sends them all back to the spares together
+    (:func:`hpccomm.fault_tolerance.spares.build_checked`).
+    """
+    from .fault_tolerance import spares
+
+    if not spares.is_replacement():
+        return _build_world(world.members().Dup(), timeout)
+    group = spares.build_checked(
+        world.members(), lambda comm: _build_world(comm.Dup(), timeout),
+        lambda comm: _build_shrunk_world(comm, timeout),
+    )
+    if group is None:
+        # No place is left for this process: the survivors shrink the group without it. It leaves as a spare
+        # that was never needed does, not as a failure (which would end the job).
+        print("hpccomm: a rank died while this replacement joined and too few spares are left; the survivors "
+              "shrink the group without this process, which leaves", file=sys.stderr, flush=True)
+        os._exit(0)
+    return group
 
 
 def _build_shrunk_world(comm: Any, timeout: timedelta) -> Front:

@@ -32,8 +32,8 @@ import atexit
 import os
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,8 @@ _POLL_S = 0.01
 _LEAVE_TAG = 1
 #: How long rank 0 waits at exit for its words to the spares to be delivered.
 _LEAVE_WAIT_S = 2.0
+
+T = TypeVar("T")
 
 _pool: Any = None
 _replacement = False
@@ -176,10 +178,59 @@ def _places(pool: Any) -> dict[int, int]:
 
 
 def refill() -> Any:
-    """On every survivor: the new world with spares in every dead rank's place, or None if too few are left."""
+    """On every rank of the world: the new world with spares in every dead rank's place, or None if too few are left."""
     if _pool is None:
         return None
     return _regroup(member=True)
+
+
+def settled(comm: Any, built: bool) -> bool:
+    """Whether every process of the new world ``comm`` built its group and is alive. Collective over ``comm``.
+
+    A rank that dies while the repaired group is built fails the build on
+    some processes and not others; each says whether it built, and one
+    shrink tells who is alive. Uniform (ULFM's agreement): where it is False,
+    every process of ``comm`` regroups again (:func:`refill`).
+    """
+    MPI = world.mpi()
+    if not built:
+        try:
+            comm.Revoke()  # the others still inside the build's collectives leave them
+        except MPI.Exception:
+            pass
+    alive = comm.Shrink()
+    try:
+        everyone = bool(alive.Agree(int(built))) and alive.Get_size() == comm.Get_size()
+    except MPI.Exception:
+        everyone = False
+    alive.Free()
+    return everyone
+
+
+def build_checked(comm: Any, build: Callable[[Any], T], again: Callable[[Any], T] | None = None) -> T | None:
+    """``build(comm)`` on the new world, regrouping with the spares until every process built it. Collective.
+
+    Run alike by the survivors and by a replacement, whose first round's
+    ``build`` differs (it learnt its world as it left the pool): from the
+    second round on, once a rank died while the group was built, each runs
+    ``again`` (default: ``build``) on the next new world.
+
+    Returns:
+        the group; None where a round found too few spares left (the caller shrinks).
+    """
+    while True:
+        try:
+            group: T | None = build(comm)
+        except Exception:  # a rank died under the build's collectives: an MPI error, or one made of it
+            group = None
+        if settled(comm, group is not None):
+            return group
+        if group is not None:
+            group.abort()  # type: ignore[attr-defined]
+        comm = refill()
+        if comm is None:
+            return None
+        build = again or build
 
 
 def _release_spares() -> None:

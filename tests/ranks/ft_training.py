@@ -16,7 +16,9 @@ step K the victims (comma-separated ranks) SIGKILL themselves:
     shrink: the first victim before its all_reduce; the second takes part in
         the failure and dies inside its ``dist.shrink_group``, at one of three
         points of building the new group (picked by the seed): before its
-        transports, before its failure state, before the group is returned;
+        transports, before its failure state, before the group is returned
+        (with spares: of building the repaired group, which the survivors and
+        the replacement then build again, with another spare);
     repair (with spares): the first victim before its all_reduce; the second
         takes part in the failure and dies as it enters ``hpccomm.repair``,
         while the survivors and the spares regroup;

@@ -6,9 +6,10 @@ replacement knows none; a survivor whose step's all-reduce failed is one
 behind) receive the state of the rank that has it: the ``state_dict()`` of
 each registered object (the model, the optimizer, and whatever else the user
 registers: a data loader's position, RNG state), in memory, without a file.
-The tensors travel as one broadcast per dtype of their bytes laid end to end;
+The small tensors travel as one broadcast per dtype of their bytes end to end;
 the rest (shapes, dtypes, the optimizer's hyperparameters) as one pickled
-object first. This is torchft's live recovery (a healthy peer's weights for a
+object first; a large tensor goes straight into the receiver's own tensor
+of that shape where it has one. This is torchft's live recovery (a healthy peer's weights for a
 newcomer, the step deciding who is up to date) on MPI.
 """
 
@@ -34,6 +35,9 @@ class _Slot:
 
     def __init__(self, dtype: torch.dtype, shape: torch.Size, start: int) -> None:
         self.dtype, self.shape, self.start = dtype, tuple(shape), start
+
+    def __eq__(self, other: object) -> bool:  # the same tensor's place in two states: its number may differ
+        return isinstance(other, _Slot) and (self.dtype, self.shape) == (other.dtype, other.shape)
 
 
 def _strip(state: Any, found: list[torch.Tensor]) -> Any:
@@ -119,8 +123,12 @@ class TrainingState:
     def send_state(self, source: int, group: dist.ProcessGroup | None = None, receive: bool = True) -> None:
         """Broadcast the state of rank ``source`` (a global rank) to the group; load it where ``receive``. Collective.
 
-        One pickled object (everything but the tensors' data), then one
-        broadcast per dtype of the tensors' bytes laid end to end.
+        One pickled object (everything but the tensors' data) first. A tensor
+        of at least :data:`_ALONE_BYTES` is then broadcast on its own, straight
+        into the receiver's own tensor at the same place of its state when it
+        has one of that shape and dtype (a model's parameters, an optimizer's
+        buffers after its first step): no copy beyond the broadcast's. Smaller
+        ones travel end to end, one broadcast per dtype.
         """
         me = dist.get_rank()
         found: list[torch.Tensor] = []
@@ -132,9 +140,27 @@ class TrainingState:
         skeleton = holder[0]
         slots: list[_Slot] = []
         _collect(skeleton, slots.append)
-        tensors: list[torch.Tensor] = [torch.empty(0)] * len(slots)
-        for dtype in sorted({slot.dtype for slot in slots}, key=str):
-            mine = [slot for slot in slots if slot.dtype == dtype]
+        settled: set[str] = set()  # objects whose whole state arrives in place: nothing to load
+        if me != source:
+            found, settled = self._own_tensors(skeleton) if receive else ([None] * len(slots), set())  # type: ignore
+        tensors: list[torch.Tensor] = list(found)
+        small: dict[torch.dtype, list[_Slot]] = {}
+        for slot in slots:
+            size = torch.Size(slot.shape).numel()
+            if size * slot.dtype.itemsize < _ALONE_BYTES:
+                small.setdefault(slot.dtype, []).append(slot)
+                continue
+            tensor = tensors[slot.start]
+            if me == source:
+                tensor = tensor.detach().contiguous()
+            elif tensor is None or not tensor.is_contiguous():
+                tensor = torch.empty(slot.shape, dtype=slot.dtype)
+            dist.broadcast(tensor, src=source, group=group)
+            if me == source or tensors[slot.start] is None:
+                tensors[slot.start] = tensor
+            elif tensors[slot.start] is not tensor:
+                tensors[slot.start].copy_(tensor)
+        for dtype, mine in sorted(small.items(), key=lambda item: str(item[0])):
             sizes = [int(torch.Size(slot.shape).numel()) for slot in mine]
             if me == source:
                 flat = torch.cat([found[slot.start].detach().reshape(-1).cpu() for slot in mine])
@@ -145,7 +171,40 @@ class TrainingState:
                 tensors[slot.start] = piece.view(slot.shape)
         if receive and me != source:
             for name, obj in self._objects.items():
-                obj.load_state_dict(_fill(skeleton[name], tensors))
+                if name not in settled:
+                    obj.load_state_dict(_fill(skeleton[name], tensors))
+
+    def _own_tensors(self, skeleton: Any) -> tuple[list[torch.Tensor | None], set[str]]:
+        """This rank's own tensors at the places of the source's, object by object where every shape and dtype match.
+
+        Returns:
+            the tensors (None where the source's state has a tensor this rank's
+            lacks), and the objects whose state is the source's but for the
+            tensors' values, all received in place: nothing to load there.
+        """
+        own: list[torch.Tensor | None] = []
+        settled = set()
+        for name, obj in self._objects.items():
+            theirs: list[_Slot] = []
+            _collect(skeleton[name], theirs.append)
+            found: list[torch.Tensor] = []
+            stripped = _strip(obj.state_dict(), found)
+            mine: list[_Slot] = []
+            _collect(stripped, mine.append)
+            if mine == theirs and all(t.device.type == "cpu" and t.is_contiguous() for t in found):
+                own += [t.detach() for t in found]
+                try:
+                    if stripped == skeleton[name] and all(t.numel() * t.element_size() >= _ALONE_BYTES for t in found):
+                        settled.add(name)
+                except Exception:  # a value that cannot be compared: load it
+                    pass
+            else:
+                own += [None] * len(theirs)
+        return own, settled
+
+
+#: A state's tensor this large or larger is broadcast alone, in place; smaller ones together.
+_ALONE_BYTES = 1 << 20
 
 
 def _collect(skeleton: Any, keep: Callable[[_Slot], None]) -> None:

@@ -88,7 +88,7 @@ def main() -> None:
     dist.init_process_group("hpccomm")
     rank, size = dist.get_rank(), dist.get_world_size()
     assert size == 2, "run on 2 ranks"
-    comm = world.mpi().COMM_WORLD.Dup()
+    comm = world.members().Dup()  # the ranks (MPI_COMM_WORLD, less any spares)
     nothing = nothing_group(rank, size)
     t, out = torch.ones(1), torch.zeros(1)
     a, b = t.numpy(), out.numpy()

@@ -1,27 +1,36 @@
 """DDP training that survives a rank's death, in hpccomm's fault-tolerant mode.
 
     hpccomm-run --ft -n 4 python examples/train_ft.py [--steps 60] [--seed S] [--no-kill]
+    hpccomm-run --ft --spares 1 -n 4 python examples/train_ft.py --spares 1 [...]
 
 One rank, chosen at random, SIGKILLs itself at a random step, in the middle
 of its backward pass (its gradient all-reduces in flight). The survivors'
 next operation fails with ``hpccomm.PeerFailure`` (DDP re-raises it from
 ``backward()`` as a RuntimeError; ``hpccomm.failed_ranks()`` says which ranks
-died either way). They shrink the default group with torch's
-``dist.shrink_group``, take the model and optimizer state of the survivor
-that got furthest (a survivor whose all-reduce had completed before the
-death is one step ahead), rebuild DDP, re-shard the data over the new world
-size and finish.
+died either way). Without spares they shrink the default group with torch's
+``dist.shrink_group`` and re-shard the data over the smaller world; with
+spares (``--spares``, as many as ``hpccomm-run`` started) ``hpccomm.repair``
+gives a spare the dead rank's number, and the job goes on at its size, the
+replacement training on the dead rank's shard. Either way every rank then
+calls ``hpccomm.TrainingState.resume``: the ranks agree on the latest step,
+and the model, the optimizer and the run's own state (its seed and plan)
+go from the rank that has it (a survivor whose all-reduce completed before
+the death is one step ahead) to the ranks behind, the replacement among
+them. DDP is rebuilt and the run finishes.
 
 Check: every step's global batch is the same whatever the world size (its
 size divides by both world sizes), and DDP averages gradients, so every step
-equals one full-batch step in one process. The new rank 0 replays the whole
-run that way and compares the final parameters: they must agree within
-``--atol`` (float32 sums taken in another order; see the README).
+equals one full-batch step in one process. Rank 0 replays the whole run that
+way and compares the final parameters: they must agree within ``--atol``
+(float32 sums taken in another order; see docs/fault-tolerance.md).
 
-Prints, from the new rank 0, one line ``RESULT {json}``: the victim and step,
-detection time (from the victim's SIGKILL to each survivor's error, the
-worst), shrink time (``dist.shrink_group``, the worst), recovery time (error
-to DDP rebuilt), and the largest parameter difference.
+Prints ``RECOVERED rank=R/N at step S`` from each rank once recovered, and
+from rank 0 one line ``RESULT {json}``: the victim and step, the failed
+ranks, how many were replaced, the detection time (``caught_at``, the last
+survivor's error, wall clock), the repair or shrink (``repair_s``), the
+recovery from error to DDP rebuilt on every rank (``recover_s``), when the
+job was back (``resumed_at``), the final world size and the largest
+parameter difference.
 """
 
 from __future__ import annotations
@@ -130,7 +139,7 @@ def main() -> None:
     if hpccomm.is_replacement():
         caught, start = 0.0, time.monotonic()  # detection is the survivors' to report
         step = state.resume(0)
-        report.update(replacement=rank)
+        report.update(replacement=rank, replaced=len(run.failed))
     else:
         seed = torch.tensor([args.seed if args.seed is not None else time.time_ns() % 100_000])
         dist.broadcast(seed, src=0)

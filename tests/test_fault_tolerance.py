@@ -95,27 +95,34 @@ def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
 
 
 @pytest.mark.parametrize(
-    "when, nprocs, victims, env",
+    "when, nprocs, victims, env, spares",
     [
         # Issue 32's hang: 7 of 26 runs under load had the survivors redo different steps.
-        ("before", 4, "2", {}),
-        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat"}),
+        ("before", 4, "2", {}, 0),
+        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat"}, 0),
         # Every result larger than the copies' limit: the kept result is the tensor itself, unchanged since.
-        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat", "HPCCOMM_FT_KEEP_BYTES": "0"}),
-        ("shrink", 4, "1,2", {"HPCCOMM_ALGO": "flat"}),
-        ("backward", 3, "1", SHM_EVERYWHERE),
+        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat", "HPCCOMM_FT_KEEP_BYTES": "0"}, 0),
+        ("shrink", 4, "1,2", {"HPCCOMM_ALGO": "flat"}, 0),
+        ("backward", 3, "1", SHM_EVERYWHERE, 0),
+        # With two spares: rank 1 dies before its all_reduce (as above), rank 2 inside the repaired group's
+        # build; the survivors and the first replacement go back to the spares, and the second takes rank 2.
+        ("shrink", 4, "1,2", {"HPCCOMM_ALGO": "flat"}, 2),
     ],
 )
-def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, victims, env):
+def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, victims, env, spares):
     # tests/ranks/ft_training.py (benchmarks/ft_stress.py runs it at every moment, path and load): 30 steps,
-    # the victims die at step 5, the survivors shrink, redo the step and check every value and rank.
-    run = run_ranks(nprocs, "ft_training.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120,
-                    stacks_on_timeout=True)
+    # the victims die at step 5, the survivors shrink (or, with spares, repair), redo the step and check every
+    # value and rank.
+    run = run_ranks(nprocs, "ft_training.py", when, victims, "--spares", str(spares), env=env,
+                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", str(spares)], limit_s=120, stacks_on_timeout=True)
     if refused(run):
         return
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
     dead = victims.split(",")
-    survivors = {str(rank) for rank in range(nprocs) if str(rank) not in dead}
+    survivors = {str(rank) for rank in range(nprocs) if str(rank) not in dead or spares}
+    if spares:  # every dead rank's number was taken by a spare, which took over the state
+        assert sorted(re.findall(r"^REPLACED rank=(\d+)", run.output, re.MULTILINE)) == sorted(dead), \
+            run.output[-4000:]
     assert set(re.findall(r"^OK rank=(\d+)", run.output, re.MULTILINE)) == survivors, run.output[-4000:]
     failures = re.findall(r"^FAILED rank=\d+ step=\d+ at=([\d.]+) in=(\w+) uneven=(.*)$", run.output, re.MULTILINE)
     died = sorted(float(at) for at in re.findall(r"^DIED rank=\d+ at=([\d.]+)", run.output, re.MULTILINE))
@@ -123,7 +130,7 @@ def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, vict
     for at, _where, uneven in failures:
         assert float(at) - max(d for d in died if d <= float(at)) < DETECTED_WITHIN_S, run.output[-4000:]
         assert uneven in ("{}", "?"), run.output[-4000:]  # every survivor stopped at the same operation
-    if when == "shrink":
+    if when == "shrink" and not spares:
         # The second victim died while the group was being shrunk: the survivors shrank again.
         assert any(where == "shrink" for _, where, _ in failures), run.output[-4000:]
 
@@ -169,6 +176,13 @@ def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None
     assert all(lag < DETECTED_WITHIN_S for lag in lags.values()), (lags, run.output[-4000:])
     assert set(re.findall(r"OK rank=(\d+)", run.output)) == survivors, run.output[-4000:]
     assert set(re.findall(r"PATH rank=\d+ (\w+)", run.output)) == {path}, run.output[-4000:]
+
+
+def test_training_state_hands_the_ranks_behind_the_state_of_the_rank_ahead():
+    # hpccomm.TrainingState needs no fault-tolerant mode: it is collectives on the group it is given.
+    run = run_ranks(3, "training_state.py", limit_s=120)
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    assert set(re.findall(r"OK rank=(\d+)", run.output)) == {"0", "1", "2"}, run.output[-4000:]
 
 
 def test_ft_mode_refuses_at_init_where_the_job_cannot_survive_a_death():

@@ -82,8 +82,8 @@ def _membership(everyone: Any) -> Any:
     _pool.Set_errhandler(MPI.ERRORS_RETURN)
     me = everyone.Get_rank()
     active = everyone.Split(0 if me < ranks else MPI.UNDEFINED, me)
+    atexit.register(_release_spares)  # a spare may be world rank 0 by the end (it replaced rank 0)
     if me < ranks:
-        atexit.register(_release_spares)
         return active
     return _wait()
 

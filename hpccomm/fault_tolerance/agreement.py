@@ -271,16 +271,8 @@ class Recovery:
             built = build(comm)
         except Exception as exc:
             error = exc
-            try:
-                comm.Revoke()  # the survivors still inside the build's collectives leave them
-            except MPI.Exception:
-                pass
-        alive = comm.Shrink()
-        try:
-            everyone_built = bool(alive.Agree(int(error is None)))
-        except MPI.Exception:
-            everyone_built = False
-        if everyone_built and alive.Get_size() == comm.Get_size():
+        alive, everyone_built = check_built(comm, error is None)
+        if everyone_built:
             alive.Free()
             return built  # type: ignore[return-value]
         if built is not None:
@@ -328,3 +320,29 @@ class Recovery:
         narrowed = comm.Create_group(keep, 2)
         comm.Free()
         return narrowed
+
+
+def check_built(comm: Any, built: bool) -> tuple[Any, bool]:
+    """Whether every process of ``comm`` built what it was building on it, and who is alive. Collective.
+
+    A rank that dies while a group is built fails the build on some processes
+    and not others. One that failed revokes ``comm``, so that the others still
+    inside the build's collectives leave them; then one shrink tells who is
+    alive, and ULFM's agreement on each one's word is the same answer on all.
+
+    Returns:
+        the survivors' communicator (the caller frees it or builds on it), and
+        True where everyone built and nobody died.
+    """
+    MPI = mpi()
+    if not built:
+        try:
+            comm.Revoke()
+        except MPI.Exception:
+            pass
+    alive = comm.Shrink()
+    try:
+        everyone = bool(alive.Agree(int(built))) and alive.Get_size() == comm.Get_size()
+    except MPI.Exception:
+        everyone = False
+    return alive, everyone

@@ -40,13 +40,14 @@ import torch.distributed as dist
 
 from .. import world
 from ..config import settings
+from .agreement import check_built
 
 #: How often a waiting spare tests its receive: its wake-up latency, and its whole cost (measured 0.35% of
 #: a core at 20 ms, 0.7% at 10 ms, on a 2-core VM: each test runs Open MPI's progress engine once).
 _POLL_S = 0.02
 #: On the pool: "leave, the job is over", from world rank 0 to each spare still waiting.
 _LEAVE_TAG = 1
-#: How long rank 0 waits at exit for its words to the spares to be delivered.
+#: How long rank 0 waits at exit for a word to a spare that is neither delivered nor failed (see _release_spares).
 _LEAVE_WAIT_S = 2.0
 
 T = TypeVar("T")
@@ -173,7 +174,8 @@ def _places(pool: Any) -> dict[int, int]:
     alive = set(job)
     members = world.mpi_world_ranks(range(world.identity().world_size))
     dead = [rank for rank, process in enumerate(members) if process not in alive]
-    waiting = [index for index, process in enumerate(job) if process not in set(members)]
+    ranks = set(members)
+    waiting = [index for index, process in enumerate(job) if process not in ranks]
     return dict(zip(waiting, dead)) if len(waiting) >= len(dead) else {}
 
 
@@ -182,29 +184,6 @@ def refill() -> Any:
     if _pool is None:
         return None
     return _regroup(member=True)
-
-
-def settled(comm: Any, built: bool) -> bool:
-    """Whether every process of the new world ``comm`` built its group and is alive. Collective over ``comm``.
-
-    A rank that dies while the repaired group is built fails the build on
-    some processes and not others; each says whether it built, and one
-    shrink tells who is alive. Uniform (ULFM's agreement): where it is False,
-    every process of ``comm`` regroups again (:func:`refill`).
-    """
-    MPI = world.mpi()
-    if not built:
-        try:
-            comm.Revoke()  # the others still inside the build's collectives leave them
-        except MPI.Exception:
-            pass
-    alive = comm.Shrink()
-    try:
-        everyone = bool(alive.Agree(int(built))) and alive.Get_size() == comm.Get_size()
-    except MPI.Exception:
-        everyone = False
-    alive.Free()
-    return everyone
 
 
 def build_checked(comm: Any, build: Callable[[Any], T], again: Callable[[Any], T] | None = None) -> T | None:
@@ -223,7 +202,9 @@ def build_checked(comm: Any, build: Callable[[Any], T], again: Callable[[Any], T
             group: T | None = build(comm)
         except Exception:  # a rank died under the build's collectives: an MPI error, or one made of it
             group = None
-        if settled(comm, group is not None):
+        alive, everyone = check_built(comm, group is not None)
+        alive.Free()
+        if everyone:
             return group
         if group is not None:
             group.abort()  # type: ignore[attr-defined]
@@ -250,13 +231,21 @@ def _release_spares() -> None:
                 sends.append(_pool.Isend((word, MPI.BYTE), index, _LEAVE_TAG))
             except MPI.Exception:
                 pass  # that spare died
+    # Each send is settled by a fact: delivered (a waiting spare always has its receive posted), or ended in
+    # error (ULFM: that spare died). The bound is only for a spare that is neither, on a node that hangs: the same
+    # as fail-fast gives its goodbyes at exit (hpccomm.failure._GOODBYE_WAIT_S), not a verdict on the spare.
     deadline = time.monotonic() + _LEAVE_WAIT_S
     while sends and time.monotonic() < deadline:
-        try:
-            sends = [request for request in sends if not request.Test()]
-        except MPI.Exception:
-            break
+        sends = [request for request in sends if not _settled(request)]
         time.sleep(0.001)
+
+
+def _settled(request: Any) -> bool:
+    """Whether a send has ended: delivered, or failed because its receiver died."""
+    try:
+        return request.Test()
+    except world.mpi().Exception:
+        return True
 
 
 def repair(failed: Sequence[int]) -> int:

@@ -465,32 +465,40 @@ def _map_segment(comm: Any, nbytes: int) -> mmap.mmap | None:
 
     Rank 0 creates it (0600, in /dev/shm), everyone maps it, then rank 0
     removes the name: the mappings stay, and nothing is left behind at exit.
+    The name goes also where the call raises (a peer died while the group was
+    built, and fault-tolerant mode goes on); only a rank 0 killed between its
+    creation and the others' mapping leaves it.
     """
     MPI = mpi()
-    path = None
+    made = None  # the name this rank created: removed below, whatever happens in between
+    offered = None  # rank 0's: the name, once the file has its size
     fd = -1
     if comm.Get_rank() == 0:
         try:
-            path = os.path.join(_SHM_DIR, f"hpccomm-{os.getpid()}-{secrets.token_hex(8)}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            name = os.path.join(_SHM_DIR, f"hpccomm-{os.getpid()}-{secrets.token_hex(8)}")
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            made = name
             os.ftruncate(fd, nbytes)
+            offered = made
         except OSError:
-            path = None
-    path = comm.bcast(path, root=0)
+            pass
     segment = None
-    if path is not None:
-        try:
-            if fd < 0:
-                fd = os.open(path, os.O_RDWR)
-            segment = mmap.mmap(fd, nbytes)
-        except OSError:
-            segment = None
-        finally:
-            if fd >= 0:
-                os.close(fd)
-    mapped_everywhere = comm.allreduce(segment is not None, op=MPI.LAND)
-    if comm.Get_rank() == 0 and path is not None:
-        os.unlink(path)
+    try:
+        path = comm.bcast(offered, root=0)
+        if path is not None:
+            try:
+                if fd < 0:
+                    fd = os.open(path, os.O_RDWR)
+                segment = mmap.mmap(fd, nbytes)
+            except OSError:
+                segment = None
+        mapped_everywhere = comm.allreduce(segment is not None, op=MPI.LAND)
+    finally:
+        # Also where this raised (a peer died in the bcast, say): no file outlives the call.
+        if fd >= 0:
+            os.close(fd)
+        if made is not None:
+            os.unlink(made)
     if not mapped_everywhere:
         if segment is not None:
             segment.close()

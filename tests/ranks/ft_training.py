@@ -61,6 +61,7 @@ import sys
 import time
 
 import hpccomm
+import segments  # before the group: the files already there are not ours
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -286,6 +287,8 @@ else:
     dist.all_reduce(spread, op=dist.ReduceOp.MAX)
     if not torch.equal(spread, flat):
         problems.append("replicas differ")
+if segments.left_behind():  # a group built while a rank died must not leave its segment's file
+    problems.append(f"segment files left in /dev/shm: {segments.left_behind()}")
 if problems:
     print(f"WRONG rank={RANK}: " + "; ".join(problems), flush=True)
     sys.exit(1)

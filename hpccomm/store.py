@@ -239,8 +239,9 @@ class _Server:
                 message = self._comm.improbe(MPI.ANY_SOURCE, world.STORE_OPERATION_TAG, status)
             except MPI.Exception:
                 # ULFM: a rank failed; receiving from any source goes on once the failure is acknowledged.
+                # Then the usual nap: an error that comes back at every look must not spin holding the GIL.
                 self._comm.Ack_failed()
-                continue
+                message = None
             now = time.monotonic()
             if message is not None:
                 self._serve(status.Get_source(), message.recv())
@@ -278,7 +279,7 @@ class _Server:
 
     def _everyone_left(self) -> bool:
         """Whether every other world rank has said goodbye or failed (spares, processes but not ranks, never ask)."""
-        failed = _failed_ranks(self._comm)
+        failed = world.failed_ranks(self._comm)
         me = self._comm.Get_rank()
         ranks = world.mpi_world_ranks(range(world.identity().world_size))
         return all(rank in self._goodbyes or rank in failed for rank in ranks if rank != me)
@@ -294,20 +295,6 @@ def _done(send: Any) -> bool:
         return send.Test()
     except world.mpi().Exception:  # its rank failed (ULFM): nobody is left to receive it
         return True
-
-
-def _failed_ranks(comm: Any) -> set[int]:
-    """The ranks of ``comm`` that ULFM reports failed; none where the MPI has no ULFM."""
-    MPI = world.mpi()
-    try:
-        failed = comm.Get_failed()
-    except (MPI.Exception, NotImplementedError):
-        return set()
-    try:
-        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.size)), comm.Get_group())
-    finally:
-        failed.Free()
-    return {rank for rank in ranks if rank != MPI.UNDEFINED}
 
 
 class _Channel:

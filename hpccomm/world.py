@@ -335,6 +335,20 @@ def mpi_world_ranks(ranks: Iterable[int]) -> list[int]:
     return [_mpi_world_ranks[rank] for rank in ranks]
 
 
+def failed_ranks(comm: Any) -> set[int]:
+    """The ranks of ``comm`` that this process's MPI knows failed (ULFM); none where the MPI has no ULFM."""
+    MPI = mpi()
+    try:
+        failed = comm.Get_failed()
+    except (MPI.Exception, NotImplementedError):
+        return set()
+    try:
+        ranks = MPI.Group.Translate_ranks(failed, list(range(failed.size)), comm.Get_group())
+    finally:
+        failed.Free()
+    return {rank for rank in ranks if rank != MPI.UNDEFINED}
+
+
 def _export_env(ident: Identity) -> None:
     os.environ["RANK"] = str(ident.rank)
     os.environ["WORLD_SIZE"] = str(ident.world_size)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from ..world import mpi
+from ..world import failed_ranks, mpi
 
 _STOP_TAG = 11
 
@@ -62,6 +62,8 @@ class StopPoints:
         #: peers whose stop will never come: their receive ended in error (ULFM: they died)
         self.dead: set[int] = set()
         self._sends: list[Any] = []
+        #: receives of peers counted dead while still posted, cancelled at close
+        self._abandoned: list[Any] = []
         # MPI forbids two threads completing one request: a waiter and the progress thread both poll.
         self._lock = threading.Lock()
 
@@ -105,8 +107,19 @@ class StopPoints:
                     pass  # dead: it needs no stop
 
     def complete(self) -> bool:
-        """Whether every rank has announced its stop or is known dead."""
+        """Whether every rank has announced its stop or is known dead.
+
+        Dead: its receive ended in error, or, where it has not (yet), this
+        process's MPI lists it among the failed: two reports of one fact, and
+        the agreement needs only one.
+        """
         self.poll()
+        if len(self.stops) + len(self.dead) < self.size:
+            with self._lock:
+                for peer in failed_ranks(self._comm) & set(self._inbox):
+                    request, _buf = self._inbox.pop(peer)
+                    self._abandoned.append(request)
+                    self.dead.add(peer)
         return len(self.stops) + len(self.dead) >= self.size
 
     def close(self) -> None:
@@ -115,13 +128,14 @@ class StopPoints:
         with self._lock:
             if self._comm is None:
                 return
-            for request, _buf in self._inbox.values():
+            for request in [*(request for request, _buf in self._inbox.values()), *self._abandoned]:
                 try:
                     request.Cancel()
                     request.Wait()
                 except Exception:
                     pass  # a dead peer's
             self._inbox.clear()
+            self._abandoned = []
             for request in self._sends:
                 try:
                     if not request.Test():

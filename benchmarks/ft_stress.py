@@ -93,6 +93,7 @@ class Outcome:
     uneven: int = 0
     in_shrink: int = 0
     back: list[float] = field(default_factory=list)
+    diff: float = 0.0  # the largest difference from the expected values a rank reported (DDP: the replay's)
     why: str = ""
 
 
@@ -134,6 +135,8 @@ def judge(outcome: Outcome, run: RankRun, ranks: int, victims: str, spares: int 
         outcome.uneven += uneven.strip() not in ("{}", "?")
         outcome.in_shrink += where == "shrink"
     oks = set(re.findall(r"^OK rank=(\d+)", run.output, re.MULTILINE))
+    outcome.diff = max((float(d) for d in re.findall(r"^OK rank=\d+ diff=(\S+)", run.output, re.MULTILINE)),
+                       default=0.0)
     if run.timed_out:
         outcome.verdict, outcome.why = "hang", run.output[-3000:]
     elif run.returncode != 0 or oks != survivors or "WRONG" in run.output:
@@ -177,7 +180,7 @@ def main() -> None:
                             (dumps / name).write_text(run.output)
                         print(f"{len(outcomes)}: {path} {moment} n={ranks} victims={victims} spares={spares} "
                               f"load={int(load)}: {outcome.verdict} {outcome.wall_s} s lags={outcome.lags} "
-                              f"back={outcome.back}", flush=True)
+                              f"back={outcome.back} diff={outcome.diff:.2g}", flush=True)
             finally:
                 if hog is not None:
                     hog.kill()
@@ -194,8 +197,9 @@ def report(outcomes: list[Outcome], took_s: float) -> None:
     for o in outcomes:
         rows.setdefault((o.path, o.moment, o.ranks, o.victims, o.spares, o.load), []).append(o)
     print("\n| path | moment | ranks | victims | spares | load | runs | recovered | hangs | wrong | late | uneven "
-          "| death in shrink | lag median s | lag max s | back at full size median s | worst s | wall median s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| death in shrink | lag median s | lag max s | back at full size median s | worst s | wall median s "
+          "| max diff |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for (path, moment, ranks, victims, spares, load), group in rows.items():
         print(f"| {path} | {moment} | {ranks} | {victims} | {spares} | {'on' if load else 'off'} | " + summary(group))
     print("| **all** | | | | | | " + summary(outcomes))
@@ -210,7 +214,7 @@ def summary(group: list[Outcome]) -> str:
             f"{sum(o.uneven > 0 for o in group)} | {sum(o.in_shrink > 0 for o in group)} | "
             f"{f'{statistics.median(lags):.3f}' if lags else '-'} | {f'{max(lags):.3f}' if lags else '-'} | "
             f"{f'{statistics.median(back):.3f}' if back else '-'} | {f'{max(back):.3f}' if back else '-'} | "
-            f"{statistics.median(o.wall_s for o in group):.1f} |")
+            f"{statistics.median(o.wall_s for o in group):.1f} | {max(o.diff for o in group):.2g} |")
 
 
 if __name__ == "__main__":

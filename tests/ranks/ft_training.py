@@ -43,9 +43,12 @@ with its state (``hpccomm.TrainingState``).
 At the end each rank checks: the world is the survivors, renumbered in
 order (or, repaired, every rank at its number, replacements at the dead
 ones'); every step ran once (the sum of the step gradients is exact in
-float64, a replacement's taken over from a survivor); DDP's parameters equal
-a one-process replay and each other. Prints ``DIED rank=R at=T`` (victims), ``FAILED rank=R step=S at=T
-in=<op|shrink> uneven=U`` per PeerFailure, ``OK rank=R`` (original ranks; T
+float64, a replacement's taken over from a survivor); DDP's parameters are
+within 1e-6 of a one-process replay and equal each other; no segment file of
+a group built while a rank died is left in /dev/shm. Prints ``DIED rank=R
+at=T`` (victims), ``FAILED rank=R step=S at=T in=<op|shrink> uneven=U`` per
+PeerFailure, ``OK rank=R diff=D`` (original ranks; D: the largest difference
+from the expected values; T
 is time.time(), one clock across fake nodes). SIGUSR1 dumps every thread's
 stack (tests/launch.py sends it to a hung run before killing it).
 """
@@ -272,6 +275,7 @@ if [int(r) for r in ranks] != expected:
     problems.append(f"the new world's ranks are {[int(r) for r in ranks]}, expected {expected}")
 if ddp is None:
     expected = args.steps * (args.steps + 1) / 2
+    diff = (total - expected).abs().max().item()  # compared exactly below
     if not torch.equal(total, torch.full_like(total, expected)):
         problems.append(f"sum of steps {total[:3].tolist()}..., expected {expected}: a step was lost or run twice")
 else:
@@ -280,7 +284,7 @@ else:
     for replayed in range(args.steps):
         ddp_step(reference, replay_optimizer, replayed)
     diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), reference.parameters()))
-    if diff > 1e-5:
+    if diff > 1e-6:  # issue 40's bound; DDP's buckets sum in another order than the replay's one process
         problems.append(f"parameters differ from the one-process replay by {diff:.3g}")
     flat = torch.cat([p.detach().flatten() for p in model.parameters()])
     spread = flat.clone()
@@ -292,5 +296,5 @@ if segments.left_behind():  # a group built while a rank died must not leave its
 if problems:
     print(f"WRONG rank={RANK}: " + "; ".join(problems), flush=True)
     sys.exit(1)
-print(f"OK rank={RANK}", flush=True)
+print(f"OK rank={RANK} diff={diff:.3g}", flush=True)
 dist.destroy_process_group()

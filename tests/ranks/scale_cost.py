@@ -1,0 +1,105 @@
+"""Rank program of benchmarks/scale_cost.py: what one rank of an N-rank job costs, counted where countable.
+
+Prints one line a rank, ``COST rank=R key=value ...``:
+- ``mpi_start_s``: ``hpccomm.identity()`` (MPI_Init, the node and control communicators, host discovery);
+- ``init_s``: ``init_process_group("hpccomm")`` and a first barrier, after that;
+- ``init_store_ops``: the store operations this rank asked for during init;
+- ``group_store_ops``, ``group_s``: the same, and the time, of one ``dist.new_group`` of every rank;
+- ``served``: (rank 0) the store operations its server answered, for the whole job, init and group;
+- ``goodbye_receives``: the fail-fast receives posted on this rank (one per other rank);
+- ``goodbye_sends``: the goodbyes this rank will send at exit;
+- ``departed_us``: this thread's CPU time for one fail-fast check (``failure.departed`` over every rank, as a
+  waiting operation makes it every few polls), the median of 5 batches of 200;
+- ``rss_mib``: the resident memory this rank added from before MPI started to after the group;
+- ``fds``, ``threads``: the file descriptors this process holds (sockets included) and its threads, after the group.
+
+Usage: scale_cost.py [hpccomm | gloo PORT]. With ``gloo``, the same job (rank and size from MPI) makes torch's
+Gloo group instead, through a TCPStore on 127.0.0.1:PORT served by rank 0 (what torch's own rendezvous does),
+and prints the times, memory, descriptors and threads (hpccomm's counts do not apply).
+Times are wall seconds on an oversubscribed machine (the slowest rank is the job's); counts and CPU time do not
+depend on the load.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import hpccomm
+import hpccomm.failure as failure
+import hpccomm.store as store
+import torch.distributed as dist
+
+
+def _threads() -> int:
+    """This process's threads, the native ones (MPI's, torch's, Gloo's) included."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096 / 2**20
+
+
+asked = [0]
+served = [0]
+call, serve = store._Channel.call, store._Server._serve
+
+
+def counted_call(self, *args, **kwargs):
+    asked[0] += 1
+    return call(self, *args, **kwargs)
+
+
+def counted_serve(self, *args, **kwargs):
+    served[0] += 1
+    return serve(self, *args, **kwargs)
+
+
+store._Channel.call = counted_call
+store._Server._serve = counted_serve
+
+before = rss_mib()
+t0 = time.perf_counter()
+hpccomm.identity()
+t1 = time.perf_counter()
+backend = sys.argv[1] if len(sys.argv) > 1 else "hpccomm"
+if backend == "gloo":
+    me = hpccomm.identity()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=me.rank,
+                            world_size=me.world_size)
+else:
+    dist.init_process_group("hpccomm")
+dist.barrier()
+t2 = time.perf_counter()
+rank, size = dist.get_rank(), dist.get_world_size()
+init_ops = asked[0]
+group = dist.new_group(list(range(size)))
+dist.barrier(group=group)
+t3 = time.perf_counter()
+group_ops = asked[0] - init_ops
+receives = len(failure._inbox)
+sends = len(failure._peers()) if failure._control is not None else 0
+everyone = list(range(size))
+batches = []
+for _ in range(5):
+    c0 = time.thread_time()
+    for _ in range(200):
+        failure.departed(everyone)
+    batches.append((time.thread_time() - c0) / 200 * 1e6)
+dist.barrier()
+grown = rss_mib() - before
+if backend == "gloo":
+    receives = sends = -1  # hpccomm's fail-fast does not serve a Gloo group
+fields = {
+    "mpi_start_s": f"{t1 - t0:.3f}", "init_s": f"{t2 - t1:.3f}", "init_store_ops": init_ops,
+    "group_store_ops": group_ops, "group_s": f"{t3 - t2:.3f}", "goodbye_receives": receives,
+    "goodbye_sends": sends, "departed_us": f"{statistics.median(batches):.2f}", "rss_mib": f"{grown:.1f}",
+    "fds": len(os.listdir("/proc/self/fd")), "threads": _threads(),
+}
+if rank == 0:
+    fields["served"] = served[0]
+print(f"COST rank={rank} " + " ".join(f"{key}={value}" for key, value in fields.items()), flush=True)
+dist.destroy_process_group()

@@ -15,6 +15,7 @@ per test, then ``DONE rank=R``; tests/test_torch_suite.py judges the outcomes.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -82,4 +83,7 @@ names = sorted(n for n in dir(OnHpccomm) if n.startswith("test_")) if sys.argv[1
 for name in names:
     outcome, detail = run(name)
     say(f"RESULT rank={WORLD.rank} test={name} outcome={outcome} detail={detail[:300]}")
+_comm.Barrier()  # every rank is done with the directory
+if WORLD.rank == 0:
+    shutil.rmtree(_temp, ignore_errors=True)
 say(f"DONE rank={WORLD.rank}")

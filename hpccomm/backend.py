@@ -118,7 +118,7 @@ class HpccommBackend(Front, Backend):
     def _set_group_uid(self, name: str) -> None:
         """torch names the group (``ProcessGroup._set_group_name`` reaches each backend here)."""
         super()._set_group_uid(name)  # the group's name, as torch reads it back
-        self._group_name = name
+        self._group_name = self._ledger.name = name
 
     def allreduce_sparse(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         """torch's entry for sparse tensors: the same all-reduce, which sums sparse tensors as Gloo does."""
@@ -237,6 +237,7 @@ class HpccommBackend(Front, Backend):
         kept = {"_group_name": self._group_name, "_abort_hooks": self._abort_hooks}
         self.__dict__.update(rebuilt.__dict__)
         self.__dict__.update(kept)
+        self._ledger.name = self._group_name  # the repaired group's operations are counted under the group's name
         # Its parts (and what they were given: its description, for messages) are this group's now: one state.
         rebuilt.__dict__ = self.__dict__
         return True

@@ -10,19 +10,27 @@ than one rank:
   aborting the job" and calls ``MPI_Abort``, so the launcher ends every rank
   and exits non-zero (the pattern of ``python -m mpi4py``);
 * every rank that exits, for any reason (``sys.exit(3)`` included), first tells
-  the others on hpccomm's control communicator (:func:`hpccomm.world.control`).
-  A rank waiting on an operation whose group contains a departed rank raises
-  :class:`PeerExitedError` naming it, instead of waiting out the timeout. A
-  rank killed outright (SIGKILL) is noticed by the launcher itself, which ends
-  the job.
+  the others on hpccomm's control communicator (:func:`hpccomm.world.control`),
+  and its goodbye says what it did: on each of its groups, how many
+  collectives it took part in and which of them it left unfinished, and the
+  point-to-point messages it sent to and received from the rank it tells
+  (:class:`hpccomm.ledger.Ledger`). A rank waiting on an operation raises
+  :class:`PeerExitedError` naming the departed rank only where that rank had
+  not done its part in it; an operation whose departed ranks all did theirs
+  goes on, however late its data arrives. A rank killed outright (SIGKILL) is
+  noticed by the launcher itself, which ends the job.
 
-The goodbye receives are posted when MPI starts, so every goodbye is matched
-and its send completes; at exit the sends are awaited (bounded) and the
-receives that never matched are cancelled. No request is left pending when
-MPI finalises: a pending send to a rank that already left can hang
-``MPI_Finalize``. Between the two, the steps given to :func:`after_goodbye`
-run: teardowns that wait for the other ranks (UCC's), which must not keep
-this rank's goodbye from the others and must still learn of ranks that leave.
+No clock decides whether a peer failed: the verdict is what the peer said it did.
+Goodbyes are matched as they arrive, by a probe for any source on their tag
+(one probe per check, whatever the job's size), and at exit by a last probe;
+no receive is posted for them, so none is left pending when MPI finalises.
+The sends are awaited (bounded): a pending send to a rank that already left
+can hang ``MPI_Finalize``, and goodbyes stay small enough for MPI's eager
+protocol (:data:`hpccomm.ledger.MOST_GROUPS`). Between the sends and finalising, the steps
+given to :func:`after_goodbye` run: teardowns that wait for the other ranks
+(UCC's), which must not keep this rank's goodbye from the others and must
+still learn of ranks that leave; the allgathers they will still make are
+counted in the goodbye (``Ledger.promised``).
 
 Where torch's flight recorder is to be written on failure
 (:mod:`hpccomm.flight_recorder`), a rank that aborts the job first writes its
@@ -45,15 +53,12 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import flight_recorder
+from . import flight_recorder, ledger
 from .world import GOODBYE_TAG, RECORDED_TAG, Identity, control, identity, mpi, mpi_world_ranks, on_identity
 
 #: Before MPI_Abort: time for the launcher to forward this rank's last output,
 #: which an abort would otherwise cut off.
 _FLUSH_S = 0.5
-#: After a peer's goodbye, how long a pending op may still complete: its data
-#: can be in flight on another channel when the goodbye arrives.
-GRACE_S = 1.0
 
 #: How long exit waits for this rank's goodbyes to be delivered.
 _GOODBYE_WAIT_S = 2.0
@@ -67,16 +72,13 @@ _control: Any = None
 #: This rank's world rank (for messages) and its rank on the control communicator (for goodbyes).
 _rank = -1
 _me = -1
-#: Control ranks whose goodbye receive was ever posted: each gets one, however the world changes.
-_posted: set[int] = set()
-_departed: set[int] = set()
-_first_seen: dict[int, float] = {}
-#: peer rank -> (posted receive for its goodbye, its 1-byte buffer)
-_inbox: dict[int, tuple[Any, bytearray]] = {}
-#: Held while a thread tests or cancels the goodbye receives: MPI forbids two
-#: threads completing one request, and the progress thread and a waiting
-#: caller both check for departed peers.
+#: What each departed rank said, by its rank on the control communicator: its facts on each group shared.
+_said: dict[int, dict[str, ledger.Facts]] = {}
+#: Held while a thread probes for goodbyes: the progress thread and a waiting caller both check for departed
+#: peers, and a probe's message must be received by the thread that matched it.
 _inbox_lock = threading.Lock()
+_status: Any = None
+_ANY_SOURCE = -1  # MPI's, set as fail-fast is armed
 _after_goodbye: list[Callable[[], None]] = []
 #: What a goodbye says: this rank leaves; or it leaves failing, and asks for each rank's flight record first.
 _LEAVING = b"\x01"
@@ -94,28 +96,22 @@ class PeerExitedError(RuntimeError):
 def install(rank: int, world_size: int) -> None:
     """Arm fail-fast for this process (nothing for a world of one); again after the world changed.
 
-    A receive is posted for the goodbye of each world rank, by its rank on the
-    control communicator (``MPI_COMM_WORLD``'s): again after a shrink or a
-    repair renumbered the world (:func:`hpccomm.world.rebase`), for a newcomer
-    only. Processes of the job that are not ranks (fault-tolerant mode's
-    spares) neither get nor send goodbyes.
+    Goodbyes are probed for on the control communicator (``MPI_COMM_WORLD``),
+    from any source: nothing is posted per peer, and a shrink or a repair that
+    renumbered the world (:func:`hpccomm.world.rebase`) changes only whom this
+    rank's own goodbye goes to. Processes of the job that are not ranks
+    (fault-tolerant mode's spares) neither get nor send goodbyes.
     """
-    global _control, _rank, _me
+    global _control, _rank, _me, _status, _ANY_SOURCE
     if world_size < 2:
         return
-    MPI = mpi()
     _rank = rank
     if _control is None:
+        _status, _ANY_SOURCE = mpi().Status(), mpi().ANY_SOURCE
         _control = control()
         _me = _control.Get_rank()
         sys.excepthook = _aborting_hook(sys.excepthook)
         atexit.register(_say_goodbye)
-    with _inbox_lock:
-        for peer in _peers():
-            if peer not in _inbox and peer not in _departed and peer not in _posted:
-                buf = bytearray(1)
-                _inbox[peer] = (_control.Irecv((buf, MPI.BYTE), peer, GOODBYE_TAG), buf)
-                _posted.add(peer)
 
 
 def _peers() -> list[int]:
@@ -173,17 +169,16 @@ def _exit_unless_aborted_within(seconds: int) -> None:
 
 
 def _send_goodbyes(word: bytes) -> list[Any]:
-    """Post this rank's goodbye to every other rank (once per process); the sends."""
+    """Post this rank's goodbye to every other rank (once per process), with what concerns each; the sends."""
     global _goodbyes_sent
     MPI = mpi()
     if _goodbyes_sent:
         return []
     _goodbyes_sent = True
-    token = bytearray(word)
     sends = []
     for peer in _peers():
         try:
-            sends.append(_control.Isend((token, MPI.BYTE), peer, GOODBYE_TAG))
+            sends.append(_control.isend((word, ledger.facts_for(peer)), peer, GOODBYE_TAG))
         except MPI.Exception:
             pass  # fault-tolerant mode: the peer died
     return sends
@@ -192,7 +187,7 @@ def _send_goodbyes(word: bytes) -> list[Any]:
 def _gather_records() -> None:
     """Before aborting the job: write this rank's flight record, and have every rank still here write theirs.
 
-    Each rank answers once written (:func:`_test_inbox`); the wait ends when all
+    Each rank answers once written (:func:`_collect_goodbyes`); the wait ends when all
     have, or have left, or after torch's bound on a dump.
     """
     if _control is None or _goodbyes_sent or not flight_recorder.enabled():
@@ -209,7 +204,7 @@ def _gather_records() -> None:
     deadline = time.monotonic() + flight_recorder.wait_s()
     while answers and time.monotonic() < deadline:
         _collect_goodbyes()  # answers others that ask too; learns who has left
-        answers = {peer: request for peer, request in answers.items() if not _ended(request) and peer not in _departed}
+        answers = {peer: request for peer, request in answers.items() if not _ended(request) and peer not in _said}
         time.sleep(0.001)
     # MPI_Abort follows, which ends whatever is still pending.
 
@@ -228,30 +223,25 @@ def _say_goodbye() -> None:
             step()
         except Exception as exc:  # the others still run; exit goes on
             print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
-    with _inbox_lock:
-        for request, _buf in _inbox.values():
-            if not _ended(request):
-                request.Cancel()
-                _ended(request, wait=True)
-        _inbox.clear()
+    _collect_goodbyes(wait=True)  # the goodbyes already here are received: none is left to MPI's finalize
 
 
-def _ended(request: Any, wait: bool = False) -> bool:
+def _ended(request: Any) -> bool:
     """Whether ``request`` has ended; one that ended in error (a dead peer, in fault-tolerant mode) has."""
     try:
-        if wait:
-            request.Wait()
-            return True
         return request.Test()
     except mpi().Exception:
         return True
 
 
 def departed(ranks: Iterable[int], mpi_ranks: Iterable[int] | None = None) -> list[int]:
-    """The ranks in ``ranks`` that left the job over GRACE_S ago (usually none).
+    """The ranks in ``ranks`` that have left the job (usually none), whatever they did before.
+
+    For waits that are not a group's operations (UCC's bootstrap counts its
+    own: :func:`abandoned`), and for counting.
 
     Args:
-        ranks: world ranks a pending operation needs.
+        ranks: world ranks.
         mpi_ranks: their ranks in ``MPI_COMM_WORLD``, as the group recorded
             them when it was made; default: translated now. A group made
             before a shrink renumbered the world (fault-tolerant mode) must
@@ -260,58 +250,88 @@ def departed(ranks: Iterable[int], mpi_ranks: Iterable[int] | None = None) -> li
     if _control is None:
         return []
     _collect_goodbyes()
-    if not _departed:
+    if not _said:
         return []
-    now = time.monotonic()
     ranks = list(ranks)
     # Goodbyes travel on MPI_COMM_WORLD, whose numbering a shrink of the world changes (fault-tolerant mode).
     return sorted(
         rank for rank, mpi_rank in zip(ranks, mpi_world_ranks(ranks) if mpi_ranks is None else mpi_ranks)
-        if mpi_rank in _departed and now - _first_seen[mpi_rank] > GRACE_S
+        if mpi_rank in _said
     )
 
 
-def _collect_goodbyes() -> None:
-    # A thread that finds another collecting skips this round: it sees the result in _departed.
-    if not _inbox or not _inbox_lock.acquire(blocking=False):
+def abandoned(book: ledger.Ledger, op: str, peer: int | None, ticket: int) -> list[int]:
+    """The world ranks an operation needs that left the job without doing their part in it (usually none).
+
+    A departed rank that did its part is not among them: what it sent is
+    delivered, however late (an oversubscribed rank can still be inside a
+    collective that a faster one completed and left).
+
+    Args:
+        book: the ledger of the operation's group.
+        op: the operation's name ("send" and "recv" are point-to-point).
+        peer: the group rank a point-to-point operation waits for (None: any
+            rank); -1 for a collective, which needs every rank of the group.
+        ticket: the operation's ticket (:meth:`hpccomm.ledger.Ledger.post`).
+    """
+    if _control is None:
+        return []
+    _collect_goodbyes()
+    if not _said or peer is None:
+        return []
+    position = book.position()
+    if peer == -1:
+        # A snapshot: another thread may add to _said meanwhile (tuple() of a dict's items runs under the GIL).
+        gone = [(position[mpi_rank], said) for mpi_rank, said in tuple(_said.items()) if mpi_rank in position]
+    else:
+        said = _said.get(book.mpi_ranks[peer])
+        gone = [] if said is None else [(peer, said)]
+    if not gone:
+        return []
+    key = book.key()
+    return sorted(book.world_ranks[rank] for rank, said in gone if not ledger.did_part(said.get(key), op, peer, ticket))
+
+
+def _collect_goodbyes(wait: bool = False) -> None:
+    """Receive the goodbyes that have arrived.
+
+    Args:
+        wait: take the lock even if another thread holds it (at exit);
+            otherwise a thread that finds another collecting skips this round
+            and sees the result in ``_said``.
+    """
+    if _control is None:
+        return
+    MPI = mpi()
+    if not wait:
+        try:
+            # The usual answer, nothing, without the lock: a thread holding a lock across an MPI call cost
+            # 4-5 us more a check than the call (16 ranks on one node, 2 cores).
+            if not _control.Iprobe(_ANY_SOURCE, GOODBYE_TAG):
+                return
+        except MPI.Exception:
+            pass  # ULFM: a rank failed; acknowledged below
+    if not _inbox_lock.acquire(blocking=wait):
         return
     try:
-        _test_inbox()
+        asking = []
+        while True:
+            try:
+                message = _control.improbe(_ANY_SOURCE, GOODBYE_TAG, _status)
+            except MPI.Exception:
+                # ULFM (fault-tolerant mode): a rank failed; probing any source goes on once that is acknowledged.
+                # Its failure reaches its groups as PeerFailure, not as a goodbye.
+                _control.Ack_failed()
+                break
+            if message is None:
+                break
+            peer = _status.Get_source()
+            word, facts = message.recv()
+            _said[peer] = facts
+            if word == _FAILING:
+                asking.append(peer)
+        if asking and flight_recorder.write(_rank):
+            for peer in asking:  # the asking rank waits for this word before it aborts the job
+                _answers.append(_control.Isend((bytearray(_LEAVING), MPI.BYTE), peer, RECORDED_TAG))
     finally:
         _inbox_lock.release()
-
-
-def _test_inbox() -> None:
-    peers = list(_inbox)
-    MPI = mpi()
-    try:
-        arrived = [peers[index] for index in MPI.Request.Testsome([_inbox[peer][0] for peer in peers]) or []]
-    except MPI.Exception:
-        arrived = _test_each()
-    now = time.monotonic()
-    asking = []
-    for peer in arrived:
-        if bytes(_inbox.pop(peer)[1]) == _FAILING:
-            asking.append(peer)
-        _departed.add(peer)
-        _first_seen.setdefault(peer, now)
-    if asking and flight_recorder.write(_rank):
-        for peer in asking:  # the asking rank waits for this word before it aborts the job
-            _answers.append(_control.Isend((bytearray(_LEAVING), MPI.BYTE), peer, RECORDED_TAG))
-
-
-def _test_each() -> list[int]:
-    """The peers whose goodbye arrived, testing each receive alone: fault-tolerant mode's path.
-
-    There (ULFM) the receive of a rank that died ends in error; it is dropped, as
-    the rank is reported through its groups' ``PeerFailure`` instead.
-    """
-    MPI = mpi()
-    arrived = []
-    for peer in list(_inbox):
-        try:
-            if _inbox[peer][0].Test():
-                arrived.append(peer)
-        except MPI.Exception:
-            del _inbox[peer]
-    return arrived

@@ -25,7 +25,6 @@ The front knows nothing about MPI: transports plug in per device type.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 
@@ -38,6 +37,7 @@ from torch._C._distributed_c10d import (
 from torch.autograd import profiler as torch_profiler
 
 from . import debug, profiling, validation as check
+from .ledger import Ledger
 from .monitor import Monitor, barrier_seconds
 from .profiling import recording
 from .progress import DRAIN_TIMEOUT_S, engine
@@ -45,7 +45,7 @@ from .sparse import SparseAllreduce
 from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import cached_reduction, op_kind
-from .work import AllPending, HpcWork, Pending, WorkList, complete_inline
+from .work import AllPending, HpcWork, Pending, WorkList, complete_inline, finish_all, ticket_of
 from .world import mpi_world_ranks
 
 RedOpType = dist.ReduceOp.RedOpType
@@ -89,6 +89,7 @@ class Front:
         self._mpi_ranks = tuple(mpi_world_ranks(self._global_ranks))  # fixed: a shrink may renumber the world
         self._group_name = ""
         self._seq = 0
+        self._ledger = Ledger("", self._global_ranks, self._mpi_ranks)  # what this rank did here: its goodbye says
         self._closed: str | None = None
         self._monitor = monitor
         self._debug = checker
@@ -176,7 +177,12 @@ class Front:
         """
         self._seq += 1
         peers = None if peer == -1 else (() if peer is None else (peer,))
-        label = (op, self, self._seq, peers)
+        if peer == -1:  # Ledger.post, written out for collectives (a method call cost more than the count)
+            ledger = self._ledger
+            ledger.collectives = ticket = ledger.collectives + 1
+        else:
+            ticket = self._ledger.post(op, peer)
+        label = (op, self, self._seq, peers, ticket)
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         # torch's own flag first (a module attribute, set by every profiler Python starts): asking torch's C++ each
         # call cost 0.2-0.3 us of a 12 us all-reduce; the flag, nothing measurable.
@@ -187,6 +193,7 @@ class Front:
                 return complete_inline(post, label, timeout_s)
             except BaseException:
                 self._stranded = True
+                self._ledger.leave_undone(*ticket_of(label))
                 raise
             finally:
                 if end is not None:
@@ -536,21 +543,8 @@ class Front:
                 live.append(work)
             elif work._error is not None:
                 self._stranded = True
+                self._ledger.leave_undone(*ticket_of(work._label))
         self._async_works = live
-
-    def _finish_pending_works(self, limit_s: float) -> None:
-        """Drive asynchronous work still in flight to its end, for at most ``limit_s`` in all."""
-        deadline = time.monotonic() + limit_s
-        for work in self._async_works:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            if work._done:
-                continue
-            try:
-                work.wait(timedelta(seconds=left))
-            except Exception:  # any error finish() raised, too: its waiter sees it; the group is ending
-                pass
 
     def shutdown(self) -> None:
         """End the group (``destroy_process_group``); later calls raise.
@@ -560,7 +554,7 @@ class Front:
         program may destroy its groups without waiting on its last works.
         What is still pending then fails.
         """
-        self._finish_pending_works(min(self._timeout_s, DRAIN_TIMEOUT_S))
+        finish_all(self._async_works, min(self._timeout_s, DRAIN_TIMEOUT_S))
         self._close("shut down")
 
     def abort(self) -> None:
@@ -576,6 +570,8 @@ class Front:
             work.poll()
         self._forget_ended_works()
         stranded = self._stranded or bool(self._async_works)
+        for work in self._async_works:
+            self._ledger.leave_undone(*ticket_of(work._label))
         self._async_works = []
         for transport in self._transports.values():
             transport.close(in_flight=stranded)

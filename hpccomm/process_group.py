@@ -27,7 +27,7 @@ class ProcessGroupHpccomm(Front, dist.ProcessGroup):
         return self._group_name
 
     def _set_group_name(self, name: str) -> None:
-        self._group_name = name
+        self._group_name = self._ledger.name = name
 
     @property
     def _device_types(self) -> list[torch.device]:

@@ -27,8 +27,9 @@ then ever less often, up to every 0.2 s (the first operation after a quiet
 spell waits that long): each look takes the GIL from rank 0's other threads,
 which on a node with more ranks than cores slowed init_process_group (the
 constants below say how much). The server needs ``MPI_THREAD_MULTIPLE``. At
-exit, rank 0 serves on until every other rank has said goodbye (its own exit
-step), has failed, or :data:`GOODBYE_WAIT_S` has passed, then stops its
+exit, once fail-fast's goodbye is out (:func:`hpccomm.failure.after_goodbye`),
+rank 0 serves on until every other rank has said goodbye to the store (its own
+exit step), has failed, or :data:`GOODBYE_WAIT_S` has passed, then stops its
 thread before MPI is finalised.
 """
 
@@ -46,7 +47,7 @@ from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
-from . import world
+from . import failure, world
 
 #: How often the server looks for operations: back to back for _SPIN_S after the last one (a client's next
 #: operation follows its answer within microseconds), every _FAST_NAP_S within _FAST_S of it (operations come
@@ -312,7 +313,10 @@ class _Channel:
         # torch keeps a store only as the C++ object under its PrefixStore; pybind11 finds the methods
         # below through the Python object, which must therefore outlive it: it lives as long as the process.
         self.stores: list[MPIStore] = []
-        atexit.register(self.close)
+        # After fail-fast's goodbye: rank 0 serving on must not keep the others from learning that it left (they
+        # waited up to GOODBYE_WAIT_S for a rank 0 that had left a collective unjoined).
+        if not failure.after_goodbye(self.close):
+            atexit.register(self.close)
 
     def call(self, generation: int, op: str, args: tuple, timeout_s: float) -> Any:
         """Carry out ``op`` on the server and return its result; raises DistStoreError."""

@@ -99,7 +99,7 @@ class CommTimeoutError(dist.DistBackendError):
     """
 
 
-Label = tuple  # (op name, group, sequence number, peer group ranks or None for the whole group)
+Label = tuple  # (op name, group, sequence number, peer group ranks or None for the whole group, ticket)
 
 
 def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
@@ -132,19 +132,22 @@ class GroupClosedError(RuntimeError):
 
 def check_abandoned(label: Label) -> None:
     """Raise if the operation can no longer complete: its group closed, or a peer left."""
-    _op, group, _seq, peers = label
+    group = label[1]
     if group.closed is not None:
         raise GroupClosedError(f"hpccomm {describe(label)}: the group was {group.closed} while this operation was pending")
     # Runs every few hundred polls: build messages only when raising.
-    world_ranks, mpi_ranks = group.global_ranks(), group.mpi_ranks()
-    if peers is not None:
-        world_ranks, mpi_ranks = [world_ranks[peer] for peer in peers], [mpi_ranks[peer] for peer in peers]
-    gone = failure.departed(world_ranks, mpi_ranks)
+    gone = failure.abandoned(group._ledger, *ticket_of(label))
     if gone:
         raise failure.PeerExitedError(
-            f"hpccomm {describe(label)}: rank(s) {', '.join(map(str, gone))} left the job while this "
-            "operation waited for them; see that rank's output for the cause"
+            f"hpccomm {describe(label)}: rank(s) {', '.join(map(str, gone))} left the job without taking part in "
+            "this operation; see that rank's output for the cause"
         )
+
+
+def ticket_of(label: Label) -> tuple[str, int | None, int]:
+    """An operation's name, peer (-1: the whole group; None: any rank) and ticket, as its group's ledger counts them."""
+    op, _group, _seq, peers, ticket = label
+    return op, -1 if peers is None else (peers[0] if peers else None), ticket
 
 
 def timeout_error(label: Label, waited_s: float, final: bool = True) -> CommTimeoutError:
@@ -167,7 +170,7 @@ def timeout_error(label: Label, waited_s: float, final: bool = True) -> CommTime
 
 def describe(label: Label) -> str:
     """'<op> #<seq> on group <name> (<n> ranks)'."""
-    op, group, seq, _peers = label
+    op, group, seq, _peers, _ticket = label
     return f"{op} #{seq} on {group.describe()}"
 
 
@@ -499,3 +502,18 @@ class WorkList(dist.Work):
             return self.result()
 
         return torch.futures.collect_all([work.get_future() for work in self._works]).then(outputs)
+
+
+def finish_all(works: list[HpcWork], limit_s: float) -> None:
+    """Drive asynchronous work still in flight to its end, for at most ``limit_s`` in all (a group's shutdown)."""
+    deadline = time.monotonic() + limit_s
+    for work in works:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        if work._done:
+            continue
+        try:
+            work.wait(timedelta(seconds=left))
+        except Exception:  # any error finish() raised, too: its waiter sees it; the group is ending
+            pass

@@ -5,7 +5,7 @@ Each case runs at 2 and 3 ranks on MPI and at 3 on UCC (its 2-rank runs added CI
 """
 
 import pytest
-from launch import check_failed_fast, run_ranks
+from launch import FAIL_FAST_S, check_failed_fast, run_ranks
 from transports import ON_UCC, needs_ucc
 
 # Every all-reduce on the node-local shared-memory path: its waits must fail the same way.
@@ -36,6 +36,29 @@ def test_a_rank_whose_mpi_abort_hangs_still_ends_the_job_fast():
 
 def test_a_rank_leaving_during_a_shared_memory_all_reduce_ends_the_job_fast():
     check_failed_fast(run_ranks(3, "failures.py", "exit3", env=SHM, limit_s=120), "exit3", ["rank(s) 1 left the job"])
+
+
+@pytest.mark.parametrize("env", [pytest.param({}, id="mpi"), pytest.param(SHM, id="shm")])
+def test_a_rank_that_left_after_its_part_is_not_a_failure(env):
+    """A verdict on a departed rank comes from what it did, not from how long ago it left."""
+    run = run_ranks(3, "failures.py", "late", env=env, limit_s=120)
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    (line,) = run.lines("GATHERED")
+    assert "got=[0, 1, 2]" in line, line
+    assert float(line.split("after=")[1].split()[0]) >= 2.5, f"the gather did not wait for rank 2: {line}"
+    assert len(run.lines("EXITED")) == 3
+
+
+def test_a_receive_fails_only_once_the_departed_sender_left_it_unsent():
+    run = run_ranks(2, "failures.py", "p2p", limit_s=120)
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    (received,) = run.lines("RECEIVED")
+    assert "value=7" in received, received
+    (gone,) = run.lines("GONE")
+    assert "recv #" in gone and "rank(s) 0 left the job without taking part" in gone, gone
+    # Rank 0 serves the store, which at exit waits for the others: fail-fast's goodbye must not wait with it.
+    assert float(gone.split("after=")[1].split()[0]) < FAIL_FAST_S, gone
+    assert len(run.lines("EXITED")) == 2
 
 
 # Each stuck-operation case on MPI, on the shared-memory path, and on UCC.

@@ -50,8 +50,9 @@ import torch
 from .. import failure
 from ..progress import DRAIN_TIMEOUT_S
 from ..ucc import Context, Library, Request, Team
+from ..ledger import Ledger
 from ..work import Pending
-from ..world import mpi
+from ..world import mpi, mpi_world_ranks
 from . import Transport, ucc_types
 from .local_steps import After, averager, concat, premultiplied, scatter_back, staged, unaliased
 from .mpi import MPITransport
@@ -141,7 +142,7 @@ class UCCTransport(Transport):
             timeout_s: how long bootstrap waits for the other ranks.
         """
         p2p = MPITransport(comm.Dup())  # before the team, which frees ``comm``
-        team = Team(_world_context(comm, timeout_s), comm, timeout_s, _departure_check(global_ranks), own=True)
+        team = Team(_world_context(comm, timeout_s), comm, timeout_s, Departures("ucc-team", global_ranks), own=True)
         return cls(team, p2p)
 
     def communicators(self) -> list[Any]:
@@ -437,25 +438,44 @@ def _world_context(comm: Any, timeout_s: float) -> Context:
         world = mpi().COMM_WORLD
         if comm.Get_size() != world.Get_size():
             raise RuntimeError("hpccomm: the first group on UCC must span every rank (the default group)")
-        _context = Context(world, timeout_s, _departure_check(range(world.Get_size())), Library.instance())
+        departures = Departures("ucc-context", range(world.Get_size()))
+        _context = Context(world, timeout_s, departures, Library.instance())
         # The context's teardown waits for the other ranks: after the goodbye
         # (so a rank that leaves early does not hold up the others) and while
         # ranks that leave are still noticed. The progress engine's drain,
         # registered later with atexit, runs before either.
-        if not failure.after_goodbye(_at_exit):
+        if failure.after_goodbye(_at_exit):
+            departures.ledger.promised = 1  # the teardown's barrier, an allgather after the goodbye
+        else:
             atexit.register(_at_exit)
     return _context
 
 
-def _departure_check(global_ranks: Sequence[int]) -> Callable[[], str | None]:
-    """Why bootstrap among ``global_ranks`` should stop waiting: a rank that left, or None."""
-    ranks = tuple(global_ranks)
+class Departures:
+    """Why UCC's bootstrap among some ranks should stop waiting: a rank that left without taking part (or None).
 
-    def check() -> str | None:
-        gone = failure.departed(ranks)
-        return f"rank(s) {', '.join(map(str, gone))} left the job" if gone else None
+    Each step of the bootstrap (an out-of-band allgather, a group's settling
+    all-reduce) is counted as a collective of its own ledger
+    (:mod:`hpccomm.ledger`), so a rank that did its part and left is waited
+    for no more than one that is still here: what it sent arrives.
 
-    return check
+    Args:
+        name: what bootstraps ("ucc-context", "ucc-team"): with the ranks,
+            the ledger's name, equal on every rank that takes part.
+        global_ranks: the world ranks taking part.
+    """
+
+    def __init__(self, name: str, global_ranks: Sequence[int]) -> None:
+        ranks = list(global_ranks)
+        self.ledger = Ledger(name, ranks, mpi_world_ranks(ranks))
+
+    def step(self) -> None:
+        """A step begins (:class:`hpccomm.ucc.OutOfBand` calls it as it posts an allgather)."""
+        self.ledger.post("bootstrap", -1)
+
+    def __call__(self) -> str | None:
+        gone = failure.abandoned(self.ledger, "bootstrap", -1, self.ledger.collectives)
+        return f"rank(s) {', '.join(map(str, gone))} left the job without taking part" if gone else None
 
 
 def _at_exit() -> None:

@@ -67,7 +67,7 @@ from .device_gated import BySize, GatedPending
 from .device_ops import DeviceOps
 from .local_steps import After
 from .scratch import Scratch
-from .ucc import UCCPending, UCCTransport, _departure_check, _world_context
+from .ucc import Departures, UCCPending, UCCTransport, _world_context
 
 
 #: ``HPCCOMM_UCC_IN_PLACE=tuned``: UCC's settings for in-place all-reduces on CUDA memory, set before
@@ -156,7 +156,7 @@ class UCCCudaTransport(UCCTransport):
             if in_place == "tuned":
                 for name, value in TUNED_IN_PLACE.items():
                     os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
-        departed = _departure_check(global_ranks)
+        departed = Departures("ucc-team", global_ranks)
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, departed, own=True)
         transport = cls(team, staged, ops, device, triggered, in_place)
         try:
@@ -166,7 +166,7 @@ class UCCCudaTransport(UCCTransport):
             raise
         return transport
 
-    def settle(self, timeout_s: float, departed: Callable[[], str | None]) -> None:
+    def settle(self, timeout_s: float, departed: Departures) -> None:
         """All-reduces on the group's device memory while every rank is here building the group. Collective.
 
         A team layer that finishes its set-up in its first collective's
@@ -197,7 +197,7 @@ class UCCCudaTransport(UCCTransport):
             self._settle_once(nbytes // 4, timeout_s, departed)
         _warmed.add(self._device)
 
-    def _settle_once(self, numel: int, timeout_s: float, departed: Callable[[], str | None]) -> None:
+    def _settle_once(self, numel: int, timeout_s: float, departed: Departures) -> None:
         """One all-reduce of ``numel`` float32 zeros, out of place, progressed until it ends (:meth:`settle`)."""
         ops, lib = self.ops, self._lib
         source = torch.zeros(numel, dtype=torch.float32, device=self._device)
@@ -209,6 +209,7 @@ class UCCCudaTransport(UCCTransport):
         args.op = lib.UCC_OP_SUM
         self._info(args.src.info, source)
         self._info(args.dst.info, result)
+        departed.step()
         try:
             request = self._team.post(args, (source, result))
         except UCCError as exc:

@@ -43,7 +43,10 @@ class OutOfBand:
             longer uses it): it carries the allgathers, and :meth:`close`
             frees it.
         abandoned: asked now and then while an allgather waits; returns why to
-            give up (a departed peer, say), or None to keep waiting.
+            give up (a departed peer, say), or None to keep waiting. Where it
+            has a ``step()`` method, each allgather calls it as it is posted
+            (the owner counts them: a peer that left after its part of one
+            is no reason to give up on it).
         timeout_s: seconds from now after which a waiting allgather gives up
             (see :meth:`give_up_after`); None waits for ever.
 
@@ -98,6 +101,9 @@ class OutOfBand:
         else:
             sendbuf, recvbuf = bytearray(0), bytearray(0)
         self.failure = None
+        step = getattr(self._abandoned, "step", None)
+        if step is not None:
+            step()
         request = self._comm.Iallgather([sendbuf, MPI.BYTE], [recvbuf, MPI.BYTE])
         request_id = next(_request_ids)
         _requests[request_id] = (self, [request, 0], (sendbuf, recvbuf))

@@ -21,6 +21,14 @@ all_reduce that needs it:
           subgroup: the pending work fails at once, later calls raise, exit is clean.
     barrier: only rank 0 enters a barrier with its own 0.5 s timeout, on a
           group whose timeout is 300 s: it must time out after 0.5 s.
+    late: rank 2 gives its part of a gather to rank 1 and leaves the job;
+          rank 0 joins the gather seconds later. Rank 1 must complete it with
+          everyone's data: rank 0 left having done its part (a slow rank is not
+          a failed one, however long after the departure it arrives).
+    p2p: rank 0 (which also serves the job's store) sends rank 1 one
+          message and leaves; rank 1 then receives twice: the first completes
+          with rank 0's data, the second fails at once naming rank 0, which
+          left without sending it.
 """
 
 from __future__ import annotations
@@ -121,6 +129,35 @@ if mode == "barrier":
     dist.destroy_process_group(group)
     dist.barrier()  # the world group is unaffected
     dist.destroy_process_group()
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "late":
+    parts = [torch.empty(4) for _ in range(size)] if rank == 1 else None
+    if rank == 0:
+        time.sleep(3.0)  # longer than any grace a clock could give the departed rank 2
+    start = time.monotonic()
+    dist.gather(torch.full((4,), float(rank)), parts, dst=1)
+    if rank == 1:
+        got = [int(part[0]) for part in parts]
+        say(f"GATHERED rank={rank} after={time.monotonic() - start:.2f} got={got}")
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "p2p":
+    if rank == 0:
+        dist.send(torch.full((4,), 7.0), dst=1)
+    elif rank == 1:
+        time.sleep(1.5)  # rank 0 has left by now
+        first = torch.zeros(4)
+        dist.recv(first, src=0)
+        say(f"RECEIVED rank={rank} value={first[0]:.0f}")
+        start = time.monotonic()
+        try:
+            dist.recv(first, src=0)
+            say(f"UNEXPECTED rank={rank}: a second message arrived")
+        except hpccomm.PeerExitedError as exc:
+            say(f"GONE rank={rank} after={time.monotonic() - start:.3f} msg={exc}")
     say(f"EXITED rank={rank}")
     sys.exit(0)
 

@@ -1,0 +1,157 @@
+"""What a rank did on each of its groups: the facts its goodbye gives, and the verdicts drawn from them.
+
+A rank that leaves the job tells the others what it did (:mod:`hpccomm.failure`),
+so that a rank still waiting on an operation can tell a departed peer that did
+its part, whose data is on its way however late it lands, from one that left
+without doing it, whose absence dooms the operation. Each group keeps a
+:class:`Ledger`: the collectives it posted (the n-th collective of a group is
+the same operation on every member), the point-to-point messages it posted to
+and from each peer (the n-th message from A to B is matched by B's n-th
+receive from A), and which of them it left unfinished. Every operation is
+stamped with its number, its *ticket*, as it is posted.
+
+A goodbye carries, for each group the departed and the told rank share, only
+what concerns the told rank (:func:`facts_for`): a few integers a group, the
+same size at 4 ranks as at 4,096. This module holds no MPI and imports nothing
+of hpccomm: the groups (:mod:`hpccomm.front`) and UCC's bootstrap
+(:mod:`hpccomm.transports.ucc`) keep ledgers, and :mod:`hpccomm.failure`
+carries their facts.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+#: A goodbye names at most this many groups, the newest first: goodbyes stay small enough for MPI's eager
+#: protocol (a few KiB), so their sends complete whether or not the other rank is still there to match them.
+#: A departed rank whose goodbye left out a group counts as not having done its part on it.
+MOST_GROUPS = 64
+
+#: What a goodbye says of one group to one rank: (collectives posted and promised, those left unfinished,
+#: messages sent to the told rank, those left unfinished, messages received from it, those left unfinished).
+Facts = tuple[int, tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+
+#: Every ledger this process made, in the order made (which is the same on every member of a group).
+_ledgers: list["Ledger"] = []
+
+
+class Ledger:
+    """One group's record of the operations this rank posted on it.
+
+    Args:
+        name: the group's name, the same on every member (torch's group
+            name); it may be set later, before the group's first operation.
+        world_ranks: the world rank of each group rank (for messages).
+        mpi_ranks: the ``MPI_COMM_WORLD`` rank of each group rank, the
+            numbering goodbyes travel in.
+
+    Attributes:
+        collectives: collectives posted so far; the last one's ticket.
+        promised: collectives this rank will still post after its goodbye
+            (UCC's teardown barrier, run after the goodbye is out).
+        undone: tickets of operations that ended without completing, or were
+            still pending when the group closed: (op, peer group rank or -1, n).
+    """
+
+    __slots__ = ("name", "world_ranks", "mpi_ranks", "collectives", "promised", "sent", "received", "undone",
+                 "_key", "_position")
+
+    def __init__(self, name: str, world_ranks: Sequence[int], mpi_ranks: Sequence[int]) -> None:
+        self.name = name
+        self.world_ranks = tuple(world_ranks)
+        self.mpi_ranks = tuple(mpi_ranks)
+        self.collectives = 0
+        self.promised = 0
+        self.sent: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        self.undone: set[tuple[str, int, int]] = set()
+        self._key = ""
+        self._position: dict[int, int] | None = None
+        _ledgers.append(self)
+
+    def post(self, op: str, peer: int | None) -> int:
+        """Count an operation as posted; its ticket.
+
+        Args:
+            op: its name ("send" and "recv" for point-to-point).
+            peer: the group rank of a point-to-point op's peer; None for a
+                receive from any source (ticket 0: no departure dooms it);
+                -1 for a collective.
+        """
+        if peer == -1:
+            self.collectives += 1
+            return self.collectives
+        if peer is None:
+            return 0
+        counts = self.sent if op == "send" else self.received
+        counts[peer] = ticket = counts.get(peer, 0) + 1
+        return ticket
+
+    def leave_undone(self, op: str, peer: int | None, ticket: int) -> None:
+        """Record that the operation with ``ticket`` ended without completing here."""
+        if ticket:
+            self.undone.add((op if peer is not None and peer != -1 else "", -1 if peer is None else peer, ticket))
+
+    def key(self) -> str:
+        """Equal on every member of the group, and on no other group of theirs.
+
+        The group's name, its members (a spare that replaced a dead rank makes
+        the repaired group with the survivors, under the old group's name) and
+        how many groups of both this process made before it (a group made again
+        after ``destroy_process_group``).
+        """
+        if self._key:
+            return self._key
+        earlier = sum(1 for ledger in _ledgers[:_ledgers.index(self)]
+                      if ledger.name == self.name and ledger.mpi_ranks == self.mpi_ranks)
+        key = f"{self.name}:{zlib.crc32(repr(self.mpi_ranks).encode()):08x}#{earlier}"
+        if self.name:  # fixed once named: groups made later do not change it
+            self._key = key
+        return key
+
+    def position(self) -> dict[int, int]:
+        """Group rank by ``MPI_COMM_WORLD`` rank."""
+        if self._position is None:
+            self._position = {mpi_rank: rank for rank, mpi_rank in enumerate(self.mpi_ranks)}
+        return self._position
+
+    def facts_for(self, rank: int) -> Facts:
+        """What this ledger tells the member of group rank ``rank``."""
+        undone = self.undone
+        return (
+            self.collectives + self.promised, tuple(n for op, _peer, n in undone if not op),
+            self.sent.get(rank, 0), tuple(n for op, peer, n in undone if op == "send" and peer == rank),
+            self.received.get(rank, 0), tuple(n for op, peer, n in undone if op == "recv" and peer == rank),
+        )
+
+
+def facts_for(mpi_rank: int) -> dict[str, Facts]:
+    """A goodbye's facts for the rank ``mpi_rank`` of ``MPI_COMM_WORLD``: one entry a group it shares, newest first."""
+    facts: dict[str, Facts] = {}
+    for ledger in reversed(_ledgers):
+        rank = ledger.position().get(mpi_rank)
+        if rank is not None:
+            facts[ledger.key()] = ledger.facts_for(rank)
+            if len(facts) == MOST_GROUPS:
+                break
+    return facts
+
+
+def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> bool:
+    """Whether a departed rank, by its goodbye's ``facts`` on a group, did its part in the operation with ``ticket``.
+
+    ``op``, ``peer`` and ``ticket`` are the waiting rank's: its own receive is
+    matched by the departed rank's send, and the other way round.
+    """
+    if facts is None:  # its goodbye does not name the group: it never made it, or the goodbye left it out
+        return False
+    if peer is None:
+        return True  # a receive from any source: another rank may send
+    if peer == -1:
+        posted, undone = facts[0], facts[1]
+    elif op == "recv":
+        posted, undone = facts[2], facts[3]
+    else:
+        posted, undone = facts[4], facts[5]
+    return ticket <= posted and ticket not in undone

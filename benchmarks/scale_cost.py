@@ -9,7 +9,7 @@ half the ranks on each). Per job: the slowest rank's MPI start, init and
 ``new_group`` (wall seconds: this machine is oversubscribed past 2 ranks, so
 these grow with the load as much as with N), and per rank, read off each
 rank (max over ranks): the store operations of init and of a group, the
-fail-fast receives posted and goodbyes to send, the CPU time of one fail-fast
+fail-fast receives posted and goodbyes to send (and the largest's size), the CPU time of one fail-fast
 check (median over ranks), the memory added (median over ranks). Then, for the
 quantities that grow, a least-squares line ``a + b N`` over the sizes run
 and its value at 1,024, 4,096 and 16,384 ranks. ``gloo``: the same job makes
@@ -76,7 +76,7 @@ def main() -> None:
     sizes = [int(part) for part in args.ranks.split(",")]
     everything: dict[str, dict[int, list[dict[str, float]]]] = {}
     columns = ("mpi start s", "init s", "new_group s", "store ops init/group", "served", "goodbye recvs/sends",
-               "check us", "rss MiB", "fds", "threads")
+               "goodbye bytes", "check us", "raw probe us", "rss MiB", "fds", "threads")
     for layout in args.layouts.split(","):
         for backend in args.backends.split(","):
             key = f"{backend} {layout}"
@@ -91,10 +91,12 @@ def main() -> None:
                 everything[key][n] = ranks
                 most = {name: max(r[name] for r in ranks) for name in ranks[0] if name != "served"}
                 served = next(r["served"] for r in ranks if "served" in r)
-                median = {name: statistics.median(r[name] for r in ranks) for name in ("departed_us", "rss_mib")}
+                median = {name: statistics.median(r.get(name, 0.0) for r in ranks)
+                          for name in ("departed_us", "probe_us", "rss_mib")}
                 print(f"| {n} | {most['mpi_start_s']:.2f} | {most['init_s']:.3f} | {most['group_s']:.3f} | "
                       f"{most['init_store_ops']:.0f}/{most['group_store_ops']:.0f} | {served:.0f} | "
-                      f"{most['goodbye_receives']:.0f}/{most['goodbye_sends']:.0f} | {median['departed_us']:.2f} | "
+                      f"{most['goodbye_receives']:.0f}/{most['goodbye_sends']:.0f} | "
+                      f"{most.get('goodbye_bytes', 0):.0f} | {median['departed_us']:.2f} | {median['probe_us']:.2f} | "
                       f"{median['rss_mib']:.1f} | {most['fds']:.0f} | {most['threads']:.0f} |", flush=True)
     print("\nfits a + b N over the sizes run, and their value at " + ", ".join(map(str, PREDICT_AT)) + " ranks")
     print("| layout | quantity | a | b | " + " | ".join(f"N={n}" for n in PREDICT_AT) + " |")
@@ -103,6 +105,7 @@ def main() -> None:
         quantities = [("rss_mib", "memory added, MiB", statistics.median), ("fds", "file descriptors", max)]
         if layout.startswith("hpccomm"):
             quantities += [("departed_us", "fail-fast check, CPU us", statistics.median),
+                           ("probe_us", "raw MPI probe, CPU us", statistics.median),
                            ("goodbye_receives", "pending receives", max)]
         for key, name, pick in quantities:
             points = [(n, pick(r[key] for r in ranks)) for n, ranks in by_n.items()]

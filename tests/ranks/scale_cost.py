@@ -6,10 +6,11 @@ Prints one line a rank, ``COST rank=R key=value ...``:
 - ``init_store_ops``: the store operations this rank asked for during init;
 - ``group_store_ops``, ``group_s``: the same, and the time, of one ``dist.new_group`` of every rank;
 - ``served``: (rank 0) the store operations its server answered, for the whole job, init and group;
-- ``goodbye_receives``: the fail-fast receives posted on this rank (one per other rank);
-- ``goodbye_sends``: the goodbyes this rank will send at exit;
-- ``departed_us``: this thread's CPU time for one fail-fast check (``failure.departed`` over every rank, as a
-  waiting operation makes it every few polls), the median of 5 batches of 200;
+- ``goodbye_receives``: the fail-fast receives posted on this rank (none: goodbyes are probed for);
+- ``goodbye_sends``: the goodbyes this rank will send at exit; ``goodbye_bytes``: the largest one, pickled;
+- ``departed_us``: this thread's CPU time for one fail-fast check (``failure.abandoned`` for an all-reduce on the
+  group of every rank, as a waiting operation makes it every few polls), the median of 5 batches of 200;
+- ``probe_us``: the same for one raw ``MPI_Iprobe`` from any source (mpi4py), the MPI progress any check pays;
 - ``rss_mib``: the resident memory this rank added from before MPI started to after the group;
 - ``fds``, ``threads``: the file descriptors this process holds (sockets included) and its threads, after the group.
 
@@ -23,12 +24,14 @@ depend on the load.
 from __future__ import annotations
 
 import os
+import pickle
 import statistics
 import sys
 import time
 
 import hpccomm
 import hpccomm.failure as failure
+import hpccomm.ledger as ledger
 import hpccomm.store as store
 import torch.distributed as dist
 
@@ -80,15 +83,25 @@ group = dist.new_group(list(range(size)))
 dist.barrier(group=group)
 t3 = time.perf_counter()
 group_ops = asked[0] - init_ops
-receives = len(failure._inbox)
-sends = len(failure._peers()) if failure._control is not None else 0
-everyone = list(range(size))
-batches = []
-for _ in range(5):
+receives = 0  # nothing is posted for goodbyes: each check probes for one from any rank
+peers = failure._peers() if failure._control is not None else []
+sends = len(peers)
+largest = max((len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers), default=0)
+book = ledger._ledgers[-1] if ledger._ledgers else None  # the group just made, of every rank (none with Gloo)
+batches = [] if book is not None else [0.0]
+for _ in range(5 if book is not None else 0):
     c0 = time.thread_time()
     for _ in range(200):
-        failure.departed(everyone)
+        failure.abandoned(book, "all_reduce", -1, book.collectives)
     batches.append((time.thread_time() - c0) / 200 * 1e6)
+probes = []
+if failure._control is not None:
+    any_source = failure.mpi().ANY_SOURCE
+    for _ in range(5):
+        c0 = time.thread_time()
+        for _ in range(200):
+            failure._control.Iprobe(any_source, 9999)  # a tag nothing uses
+        probes.append((time.thread_time() - c0) / 200 * 1e6)
 dist.barrier()
 grown = rss_mib() - before
 if backend == "gloo":
@@ -96,7 +109,8 @@ if backend == "gloo":
 fields = {
     "mpi_start_s": f"{t1 - t0:.3f}", "init_s": f"{t2 - t1:.3f}", "init_store_ops": init_ops,
     "group_store_ops": group_ops, "group_s": f"{t3 - t2:.3f}", "goodbye_receives": receives,
-    "goodbye_sends": sends, "departed_us": f"{statistics.median(batches):.2f}", "rss_mib": f"{grown:.1f}",
+    "goodbye_sends": sends, "goodbye_bytes": largest, "departed_us": f"{statistics.median(batches):.2f}",
+    "probe_us": f"{statistics.median(probes) if probes else 0.0:.2f}", "rss_mib": f"{grown:.1f}",
     "fds": len(os.listdir("/proc/self/fd")), "threads": _threads(),
 }
 if rank == 0:

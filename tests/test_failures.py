@@ -45,7 +45,7 @@ def test_a_rank_that_left_after_its_part_is_not_a_failure(env):
     assert not run.timed_out and run.returncode == 0, run.output[-4000:]
     (line,) = run.lines("GATHERED")
     assert "got=[0, 1, 2]" in line, line
-    assert float(line.split("after=")[1].split()[0]) >= 2.5, f"the gather did not wait for rank 2: {line}"
+    assert float(line.split("after=")[1].split()[0]) >= 1.5, f"the gather did not wait for rank 0: {line}"
     assert len(run.lines("EXITED")) == 3
 
 

@@ -22,7 +22,7 @@ all_reduce that needs it:
     barrier: only rank 0 enters a barrier with its own 0.5 s timeout, on a
           group whose timeout is 300 s: it must time out after 0.5 s.
     late: rank 2 gives its part of a gather to rank 1 and leaves the job;
-          rank 0 joins the gather seconds later. Rank 1 must complete it with
+          rank 0 joins the gather 2 s later. Rank 1 must complete it with
           everyone's data: rank 0 left having done its part (a slow rank is not
           a failed one, however long after the departure it arrives).
     p2p: rank 0 (which also serves the job's store) sends rank 1 one
@@ -135,7 +135,7 @@ if mode == "barrier":
 if mode == "late":
     parts = [torch.empty(4) for _ in range(size)] if rank == 1 else None
     if rank == 0:
-        time.sleep(3.0)  # longer than any grace a clock could give the departed rank 2
+        time.sleep(2.0)  # twice the grace a clock once gave the departed rank 2
     start = time.monotonic()
     dist.gather(torch.full((4,), float(rank)), parts, dst=1)
     if rank == 1:

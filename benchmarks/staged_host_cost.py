@@ -270,7 +270,7 @@ def main() -> None:
     def front_call() -> None:
         front.allreduce([t], opts)
 
-    label = ("all_reduce", front, 0, None)
+    label = ("all_reduce", front, 0, None, 0)
 
     def blocking(transport: Transport) -> Callable[[], None]:
         """The transport's all-reduce, completed as the front completes a blocking call."""

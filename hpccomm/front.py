@@ -123,6 +123,11 @@ class Front:
         """``MPI_COMM_WORLD`` rank of each rank of this group."""
         return self._mpi_ranks
 
+    @property
+    def ledger(self) -> Ledger:
+        """What this rank posted on the group: its goodbye's facts (:mod:`hpccomm.ledger`)."""
+        return self._ledger
+
     def set_timeout(self, timeout: timedelta) -> None:
         """Bound the group's later operations by ``timeout`` (torch's ``ProcessGroup.set_timeout``)."""
         self._timeout_s = timeout.total_seconds()

@@ -136,7 +136,7 @@ def check_abandoned(label: Label) -> None:
     if group.closed is not None:
         raise GroupClosedError(f"hpccomm {describe(label)}: the group was {group.closed} while this operation was pending")
     # Runs every few hundred polls: build messages only when raising.
-    gone = failure.abandoned(group._ledger, *ticket_of(label))
+    gone = failure.abandoned(group.ledger, *ticket_of(label))
     if gone:
         raise failure.PeerExitedError(
             f"hpccomm {describe(label)}: rank(s) {', '.join(map(str, gone))} left the job without taking part in "

@@ -122,7 +122,7 @@ def test_a_blocking_call_ends_with_its_local_steps_queued_on_the_callers_stream(
     pending, request = gated.call("all_gather", after=[lambda: out.fill_(7)])
     request.done = True
     gated.device.hold(gated.device.user)  # the caller's stream is busy: the steps queue behind its work
-    complete_inline(pending, ("all_gather", Group(), 1, None), 5.0)
+    complete_inline(pending, ("all_gather", Group(), 1, None, 1), 5.0)
     assert out.tolist() == [0.0, 0.0] and gated.device.user.tasks
     gated.device.release(gated.device.user)
     assert out.tolist() == [7.0, 7.0] and gated.device.trace[-1] == ("call", "user")
@@ -184,7 +184,7 @@ def test_a_blocking_operation_whose_inputs_never_come_times_out_unposted():
     gated.device.hold(gated.device.user)  # never released
     pending, request = gated.call("all_reduce")
     with pytest.raises(CommTimeoutError, match="Timed out waiting"):
-        complete_inline(pending, ("all_reduce", Group(), 1, None), 0.2)
+        complete_inline(pending, ("all_reduce", Group(), 1, None, 1), 0.2)
     assert not request.posted and len(gated.order) == 1  # the transport then keeps its team as in flight
 
 
@@ -192,7 +192,7 @@ def test_an_aborted_group_ends_the_wait():
     gated = Gated()
     pending, _request = gated.call("all_reduce")  # posted, never ends
     group = Group()
-    work = HpcWork(pending, [], ("all_reduce", group, 1, None), 30.0)
+    work = HpcWork(pending, [], ("all_reduce", group, 1, None, 1), 30.0)
     group.closed = "aborted"
     with pytest.raises(GroupClosedError, match="aborted"):
         work.wait()

@@ -19,6 +19,7 @@ import torch
 from fake_device import FakeDevice
 from launch import assert_all_ranks_ok, run_ranks
 
+from hpccomm.ledger import Ledger
 from hpccomm.transports import Transport
 from hpccomm.transports.host_staged import HostStagedTransport
 from hpccomm.work import CommTimeoutError, GroupClosedError, HpcWork, complete_inline
@@ -82,6 +83,7 @@ class Group:
     """What a Work's label needs of its group."""
 
     closed: str | None = None
+    ledger = Ledger("test", (0,), (0,))
 
     def global_ranks(self) -> tuple[int, ...]:
         return (0,)
@@ -134,7 +136,7 @@ def test_a_blocking_call_ends_once_its_copy_back_is_queued_on_the_callers_stream
     pending = transport.allreduce([x], SUM)
     device.hold(device.user)  # the caller's stream is busy: the copy back must queue behind its work
     host.gates[0].open = True
-    complete_inline(pending, ("all_reduce", Group(), 1, None), 5.0)
+    complete_inline(pending, ("all_reduce", Group(), 1, None, 1), 5.0)
     assert x.tolist() == [1.0] * 3, "the copy back ran before the caller's queued work"
     assert device.user.tasks, "nothing was queued on the caller's stream"
     device.release(device.user)
@@ -224,14 +226,14 @@ def test_a_blocking_operation_that_never_completes_times_out():
     transport, _device, _host = staged()
     pending = transport.allreduce([torch.ones(2)], SUM)
     with pytest.raises(CommTimeoutError, match="Timed out waiting"):
-        complete_inline(pending, ("all_reduce", Group(), 1, None), 0.2)
+        complete_inline(pending, ("all_reduce", Group(), 1, None, 1), 0.2)
 
 
 def test_an_aborted_group_ends_the_wait():
     transport, device, _host = staged()
     device.hold(device.user)  # never released: the input copy never happens
     group = Group()
-    work = HpcWork(transport.allreduce([torch.ones(2)], SUM), [], ("all_reduce", group, 1, None), 30.0)
+    work = HpcWork(transport.allreduce([torch.ones(2)], SUM), [], ("all_reduce", group, 1, None, 1), 30.0)
     group.closed = "aborted"
     with pytest.raises(GroupClosedError, match="aborted"):
         work.wait()

@@ -70,7 +70,7 @@ _seq = 0
 def label() -> tuple:
     global _seq
     _seq += 1
-    return ("staged", GROUP, _seq, None)
+    return ("staged", GROUP, _seq, None, _seq)
 
 
 def done(pending: Pending) -> None:

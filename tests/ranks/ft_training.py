@@ -158,6 +158,14 @@ def fail_once_completed(victim_pid: int) -> None:
     transport = dist.group.WORLD._get_backend(torch.device("cpu"))._transports["cpu"].inner
     post = transport.allreduce
 
+    def victim_alive() -> bool:
+        """Whether the victim still runs (not a zombie); gone once reaped, which can happen between two reads."""
+        try:
+            with open(f"/proc/{victim_pid}/stat") as stat:
+                return stat.read().split()[2] != "Z"
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
     class Failing:
         def __init__(self, inner):
             self.inner = inner
@@ -165,7 +173,7 @@ def fail_once_completed(victim_pid: int) -> None:
         def test(self):
             if not self.inner.test():
                 return False
-            while os.path.exists(f"/proc/{victim_pid}") and open(f"/proc/{victim_pid}/stat").read().split()[2] != "Z":
+            while victim_alive():
                 time.sleep(0.001)
             raise FailureSeen("injected: a completed all_reduce ended in error after a death")
 

@@ -142,7 +142,11 @@ def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> boo
     """Whether a departed rank, by its goodbye's ``facts`` on a group, did its part in the operation with ``ticket``.
 
     ``op``, ``peer`` and ``ticket`` are the waiting rank's: its own receive is
-    matched by the departed rank's send, and the other way round.
+    matched by the departed rank's send, and the other way round. A rank
+    that posted the operation took part, also where it left it unfinished
+    (its own timeout, an aborted group): the failure is then another rank's,
+    and the waiting rank's own timeout reports it, as it did on that rank;
+    naming the departed rank would blame the wrong one.
     """
     if facts is None:  # its goodbye does not name the group: it never made it, or the goodbye left it out
         return False
@@ -154,4 +158,5 @@ def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> boo
         posted, undone = facts[2], facts[3]
     else:
         posted, undone = facts[4], facts[5]
-    return ticket <= posted and ticket not in undone
+    del undone  # carried in the goodbye, not used by the verdict: posting is taking part (see above)
+    return ticket <= posted

@@ -12,8 +12,8 @@ than one rank:
 * every rank that exits, for any reason (``sys.exit(3)`` included), first tells
   the others on hpccomm's control communicator (:func:`hpccomm.world.control`),
   and its goodbye says what it did: on each of its groups, how many
-  collectives it took part in and which of them it left unfinished, and the
-  point-to-point messages it sent to and received from the rank it tells
+  collectives it posted, and the point-to-point messages it posted to and
+  from the rank it tells
   (:class:`hpccomm.ledger.Ledger`). A rank waiting on an operation raises
   :class:`PeerExitedError` naming the departed rank only where that rank had
   not done its part in it; an operation whose departed ranks all did theirs
@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from . import flight_recorder, ledger
@@ -232,32 +232,6 @@ def _ended(request: Any) -> bool:
         return request.Test()
     except mpi().Exception:
         return True
-
-
-def departed(ranks: Iterable[int], mpi_ranks: Iterable[int] | None = None) -> list[int]:
-    """The ranks in ``ranks`` that have left the job (usually none), whatever they did before.
-
-    For waits that are not a group's operations (UCC's bootstrap counts its
-    own: :func:`abandoned`), and for counting.
-
-    Args:
-        ranks: world ranks.
-        mpi_ranks: their ranks in ``MPI_COMM_WORLD``, as the group recorded
-            them when it was made; default: translated now. A group made
-            before a shrink renumbered the world (fault-tolerant mode) must
-            pass them: its world ranks are of the world it was made in.
-    """
-    if _control is None:
-        return []
-    _collect_goodbyes()
-    if not _said:
-        return []
-    ranks = list(ranks)
-    # Goodbyes travel on MPI_COMM_WORLD, whose numbering a shrink of the world changes (fault-tolerant mode).
-    return sorted(
-        rank for rank, mpi_rank in zip(ranks, mpi_world_ranks(ranks) if mpi_ranks is None else mpi_ranks)
-        if mpi_rank in _said
-    )
 
 
 def abandoned(book: ledger.Ledger, op: str, peer: int | None, ticket: int) -> list[int]:

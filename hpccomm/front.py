@@ -45,7 +45,7 @@ from .sparse import SparseAllreduce
 from .tracing import untraced
 from .transports import Transport
 from .transports.mpi_types import cached_reduction, op_kind
-from .work import AllPending, HpcWork, Pending, WorkList, complete_inline, finish_all, ticket_of
+from .work import AllPending, HpcWork, Pending, WorkList, complete_inline, finish_all
 from .world import mpi_world_ranks
 
 RedOpType = dist.ReduceOp.RedOpType
@@ -198,7 +198,6 @@ class Front:
                 return complete_inline(post, label, timeout_s)
             except BaseException:
                 self._stranded = True
-                self._ledger.leave_undone(*ticket_of(label))
                 raise
             finally:
                 if end is not None:
@@ -548,7 +547,6 @@ class Front:
                 live.append(work)
             elif work._error is not None:
                 self._stranded = True
-                self._ledger.leave_undone(*ticket_of(work._label))
         self._async_works = live
 
     def shutdown(self) -> None:
@@ -575,8 +573,6 @@ class Front:
             work.poll()
         self._forget_ended_works()
         stranded = self._stranded or bool(self._async_works)
-        for work in self._async_works:
-            self._ledger.leave_undone(*ticket_of(work._label))
         self._async_works = []
         for transport in self._transports.values():
             transport.close(in_flight=stranded)

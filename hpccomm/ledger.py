@@ -5,9 +5,10 @@ so that a rank still waiting on an operation can tell a departed peer that did
 its part, whose data is on its way however late it lands, from one that left
 without doing it, whose absence dooms the operation. Each group keeps a
 :class:`Ledger`: the collectives it posted (the n-th collective of a group is
-the same operation on every member), the point-to-point messages it posted to
-and from each peer (the n-th message from A to B is matched by B's n-th
-receive from A), and which of them it left unfinished. Every operation is
+the same operation on every member) and the point-to-point messages it posted
+to and from each peer (the n-th message from A to B is matched by B's n-th
+receive from A). Posting is taking part: an operation the rank posted and saw
+fail (its timeout) failed for another rank's absence. Every operation is
 stamped with its number, its *ticket*, as it is posted.
 
 A goodbye carries, for each group the departed and the told rank share, only
@@ -28,9 +29,9 @@ from collections.abc import Sequence
 #: A departed rank whose goodbye left out a group counts as not having done its part on it.
 MOST_GROUPS = 64
 
-#: What a goodbye says of one group to one rank: (collectives posted and promised, those left unfinished,
-#: messages sent to the told rank, those left unfinished, messages received from it, those left unfinished).
-Facts = tuple[int, tuple[int, ...], int, tuple[int, ...], int, tuple[int, ...]]
+#: What a goodbye says of one group to one rank: (collectives posted and promised, messages posted to the told
+#: rank, receives posted from it).
+Facts = tuple[int, int, int]
 
 #: Every ledger this process made, in the order made (which is the same on every member of a group).
 _ledgers: list["Ledger"] = []
@@ -50,12 +51,10 @@ class Ledger:
         collectives: collectives posted so far; the last one's ticket.
         promised: collectives this rank will still post after its goodbye
             (UCC's teardown barrier, run after the goodbye is out).
-        undone: tickets of operations that ended without completing, or were
-            still pending when the group closed: (op, peer group rank or -1, n).
     """
 
-    __slots__ = ("name", "world_ranks", "mpi_ranks", "collectives", "promised", "sent", "received", "undone",
-                 "_key", "_position")
+    __slots__ = ("name", "world_ranks", "mpi_ranks", "collectives", "promised", "sent", "received", "_key",
+                 "_position")
 
     def __init__(self, name: str, world_ranks: Sequence[int], mpi_ranks: Sequence[int]) -> None:
         self.name = name
@@ -65,7 +64,6 @@ class Ledger:
         self.promised = 0
         self.sent: dict[int, int] = {}
         self.received: dict[int, int] = {}
-        self.undone: set[tuple[str, int, int]] = set()
         self._key = ""
         self._position: dict[int, int] | None = None
         _ledgers.append(self)
@@ -87,11 +85,6 @@ class Ledger:
         counts = self.sent if op == "send" else self.received
         counts[peer] = ticket = counts.get(peer, 0) + 1
         return ticket
-
-    def leave_undone(self, op: str, peer: int | None, ticket: int) -> None:
-        """Record that the operation with ``ticket`` ended without completing here."""
-        if ticket:
-            self.undone.add((op if peer is not None and peer != -1 else "", -1 if peer is None else peer, ticket))
 
     def key(self) -> str:
         """Equal on every member of the group, and on no other group of theirs.
@@ -118,12 +111,7 @@ class Ledger:
 
     def facts_for(self, rank: int) -> Facts:
         """What this ledger tells the member of group rank ``rank``."""
-        undone = self.undone
-        return (
-            self.collectives + self.promised, tuple(n for op, _peer, n in undone if not op),
-            self.sent.get(rank, 0), tuple(n for op, peer, n in undone if op == "send" and peer == rank),
-            self.received.get(rank, 0), tuple(n for op, peer, n in undone if op == "recv" and peer == rank),
-        )
+        return self.collectives + self.promised, self.sent.get(rank, 0), self.received.get(rank, 0)
 
 
 def facts_for(mpi_rank: int) -> dict[str, Facts]:
@@ -152,11 +140,5 @@ def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> boo
         return False
     if peer is None:
         return True  # a receive from any source: another rank may send
-    if peer == -1:
-        posted, undone = facts[0], facts[1]
-    elif op == "recv":
-        posted, undone = facts[2], facts[3]
-    else:
-        posted, undone = facts[4], facts[5]
-    del undone  # carried in the goodbye, not used by the verdict: posting is taking part (see above)
+    posted = facts[0] if peer == -1 else facts[1] if op == "recv" else facts[2]
     return ticket <= posted

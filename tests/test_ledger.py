@@ -18,11 +18,9 @@ def test_a_departed_rank_did_its_part_in_the_collectives_it_posted():
     book = Ledger("0", [0, 1, 2], [0, 1, 2])
     for _ in range(3):
         book.post("all_reduce", -1)
-    book.leave_undone("all_reduce", -1, 2)  # the second timed out there: another rank skipped it
     facts = book.facts_for(1)
-    assert facts[1] == (2,)
     assert did_part(facts, "all_reduce", -1, 1)
-    assert did_part(facts, "all_reduce", -1, 2)  # the waiting rank's own timeout tells, not a blame on this rank
+    assert did_part(facts, "all_reduce", -1, 2)
     assert did_part(facts, "barrier", -1, 3)
     assert not did_part(facts, "all_reduce", -1, 4)  # never posted: the survivor's 4th waits in vain
 
@@ -33,9 +31,7 @@ def test_messages_are_matched_by_their_count_per_peer_and_direction():
     book.post("send", 1)
     book.post("send", 2)
     book.post("recv", 1)
-    book.leave_undone("send", 1, 2)
     to_1, to_2 = book.facts_for(1), book.facts_for(2)
-    assert to_1[3] == (2,) and to_2[3] == ()
     # Told ranks look from their side: their receive #n needs the departed rank's send #n to them.
     assert did_part(to_1, "recv", 0, 1) and did_part(to_1, "recv", 0, 2) and not did_part(to_1, "recv", 0, 3)
     assert did_part(to_2, "recv", 0, 1) and not did_part(to_2, "recv", 0, 2)

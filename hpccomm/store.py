@@ -29,8 +29,12 @@ which on a node with more ranks than cores slowed init_process_group (the
 constants below say how much). The server needs ``MPI_THREAD_MULTIPLE``. At
 exit, once fail-fast's goodbye is out (:func:`hpccomm.failure.after_goodbye`),
 rank 0 serves on until every other rank has said goodbye to the store (its own
-exit step), has failed, or :data:`GOODBYE_WAIT_S` has passed, then stops its
-thread before MPI is finalised.
+exit step) or has failed, then stops its thread before MPI is finalised. No
+clock ends the wait: a rank still running may still use the store, however
+long after rank 0 left (with a bound, its later operations failed as "shut
+down"), and a process that ends without any exit step is seen by the
+launcher, which ends the job (Open MPI's and MPICH's both do, also at exit
+status 0), as it would end one hung in ``MPI_Finalize``.
 """
 
 from __future__ import annotations
@@ -85,8 +89,6 @@ def _client_nap(waited_s: float) -> float:
 
 #: How long past an operation's timeout a client waits for the server's own timeout answer.
 _SERVER_GRACE_S = 10.0
-#: How long rank 0 serves at exit for ranks that have not said goodbye.
-GOODBYE_WAIT_S = 30.0
 #: Operations that wait for their keys, and where their keys are among the arguments.
 _WAITING = {"get": lambda args: [args[0]], "wait": lambda args: args[0], "multi_get": lambda args: args[0]}
 
@@ -234,7 +236,6 @@ class _Server:
         MPI = world.mpi()
         status = MPI.Status()
         last = time.monotonic() - 10 * _IDLE_NAP_S  # quiet from the start: init_process_group makes no operation
-        give_up = None
         while True:
             try:
                 message = self._comm.improbe(MPI.ANY_SOURCE, world.STORE_OPERATION_TAG, status)
@@ -250,10 +251,8 @@ class _Server:
                 continue
             self._tables.expire(now)
             self._flush()
-            if self._stopping.is_set():
-                give_up = give_up or now + GOODBYE_WAIT_S
-                if now > give_up or self._everyone_left():
-                    return
+            if self._stopping.is_set() and self._everyone_left():
+                return
             nap = _server_nap(now - last)
             if nap:
                 self._stopping.wait(nap)  # a sleep that stop() cuts short
@@ -286,7 +285,7 @@ class _Server:
         return all(rank in self._goodbyes or rank in failed for rank in ranks if rank != me)
 
     def stop(self) -> None:
-        """Serve until every other rank has said goodbye (or failed, or GOODBYE_WAIT_S passed), then stop."""
+        """Serve until every other rank has said goodbye or failed, then stop."""
         self._stopping.set()
         self._thread.join()
 
@@ -314,7 +313,7 @@ class _Channel:
         # below through the Python object, which must therefore outlive it: it lives as long as the process.
         self.stores: list[MPIStore] = []
         # After fail-fast's goodbye: rank 0 serving on must not keep the others from learning that it left (they
-        # waited up to GOODBYE_WAIT_S for a rank 0 that had left a collective unjoined).
+        # waited up to 30 s, the bound this wait had then, for a rank 0 that had left a collective unjoined).
         if not failure.after_goodbye(self.close):
             atexit.register(self.close)
 

@@ -5,7 +5,9 @@ and through torch's C++ PrefixStore (as gloo and group creation call it), with
 timeouts and many threads at once, then 200 rounds of the server's races
 (gets parked before their set, adds from 3 threads on every rank); then what
 uses the store: gloo groups
-beside hpccomm, ``monitored_barrier``, destroy and re-init. Across two fake
+beside hpccomm, ``monitored_barrier``, destroy and re-init; and ranks that use
+the store after rank 0 has left (rank 0 serves on at exit for as long as they
+run, bounded by no clock). Across two fake
 nodes (tests/nodes.py) whose host names resolve only on their own node (to
 127.0.1.1, as Debian writes it), a job starts and ends, and each rank holds no
 more listening TCP sockets than the same rank of a job of mpi4py alone under
@@ -22,7 +24,7 @@ from launch import assert_all_ranks_ok, run_ranks
 from nodes import run_on_nodes
 
 
-@pytest.mark.parametrize("mode", ["operations", "users"])
+@pytest.mark.parametrize("mode", ["operations", "users", "after-rank0"])
 def test_the_store_answers_as_torch_expects(mode):
     run = run_ranks(3, "store.py", mode)
     assert_all_ranks_ok(run, 3)

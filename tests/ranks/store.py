@@ -8,6 +8,9 @@ Modes:
         re-init (a new table each time), a group after init.
     sockets: init, a collective and store operations; prints the TCP sockets this rank listens on.
     plain: the same count in a job of mpi4py alone (the baseline: MPI's own transports).
+    after-rank0: rank 0 leaves right after init, its store's clock sped up 1000-fold (a bound on how
+        long it serves at exit would pass in milliseconds); the others, once rank 0's goodbye is
+        here, still set, get, add and exchange keys through the store it serves.
     rank0-dies: fault-tolerant mode; rank 0 SIGKILLs itself after init; the others shrink,
         run a collective and a new group, then their next store operation raises DistStoreError
         naming rank 0, well before the store's timeout.
@@ -162,6 +165,18 @@ def users(rank: int, size: int) -> None:
             dist.init_process_group("hpccomm")
 
 
+class _FastClock:
+    """Time as hpccomm.store sees it on rank 0 in after-rank0: a second lasts a millisecond."""
+
+    def __init__(self) -> None:
+        self._start = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self._start + (time.monotonic() - self._start) * 1000
+
+    sleep = staticmethod(time.sleep)
+
+
 def main() -> None:
     dist.init_process_group("hpccomm")
     rank, size = dist.get_rank(), dist.get_world_size()
@@ -180,6 +195,28 @@ def main() -> None:
         store.wait([f"k{r}" for r in range(size)])
         dist.new_group([0, 1])
         print(f"SOCKETS rank={rank} listening={len(listening_socket_inodes())}", flush=True)
+    elif mode == "after-rank0":
+        store = default_store()
+        dist.barrier()
+        if rank == 0:
+            hpccomm.store.time = _FastClock()
+            say(f"OK rank={rank} mode={mode}")
+            return
+        from hpccomm import failure
+
+        while 0 not in failure._said:  # rank 0 has reached its exit (the test's limit bounds this)
+            failure._collect_goodbyes()
+            time.sleep(0.01)
+        time.sleep(0.5)
+        store.set(f"late{rank}", str(rank))
+        assert store.get(f"late{rank}") == str(rank).encode()
+        assert store.add("late-count", 1) >= 1
+        others = [f"late{r}" for r in range(1, size) if r != rank]
+        while not store.check(others):  # polled: a parked get would expire on rank 0's sped-up clock
+            time.sleep(0.01)
+        assert [store.get(key) for key in others] == [key[4:].encode() for key in others]
+        say(f"OK rank={rank} mode={mode}")
+        return
     elif mode == "rank0-dies":
         store = default_store()
         store.set(f"k{rank}", b"v")

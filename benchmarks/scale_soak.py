@@ -11,7 +11,8 @@ the job. A job counts as ok when every rank printed SOAK_OK and the launcher exi
 when a rank raised PeerExitedError (a departed rank was taken for a failed one); as a hang when it passed
 ``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. The table: per
 size, layout and load, the jobs, each outcome, the median and slowest job's wall time, and the goodbyes per rank
-and their largest size in bytes. Not a CI test: a 64-rank job on two fake nodes takes minutes on 2 cores.
+and their largest size in bytes; each job's verdict and time also go to stderr as it ends. Not a CI test: a
+64-rank job on two fake nodes takes minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def main() -> None:
         for n in (int(part) for part in args.ranks.split(",")):
             for load in (part == "on" for part in args.load.split(",")):
                 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load else None
+                outcomes = []
                 try:
-                    outcomes = [one_job(n, layout, seed, args.limit_s) for seed in range(args.jobs)]
+                    for seed in range(args.jobs):
+                        outcomes.append(one_job(n, layout, seed, args.limit_s))
+                        # Each job as it ends, on stderr: a soak stopped midway keeps what it ran.
+                        print(f"job ranks={n} layout={layout} load={'on' if load else 'off'} seed={seed} "
+                              f"verdict={outcomes[-1][0]} wall_s={outcomes[-1][1]:.1f}", file=sys.stderr, flush=True)
                 finally:
                     if hog is not None:
                         hog.kill()

@@ -10,8 +10,9 @@ barriers staged, as on a GPU). ``DEVICE_PATH=mpi``: the CUDA-aware MPI path
 and 16-bit float reductions (staged, as on a GPU). ``FAKE_DEVICE_LATE=1``: the
 device lags the host as a GPU does (``FakeDevice(late=True)``, its streams run
 by a thread of its own), and a blocking call's results are read after
-``synchronize()``, as ``.cpu()`` would. Values are checked on every rank.
-Usage: device_paths.py [name-filter]
+``synchronize()``, as ``.cpu()`` would. Values are checked on every rank; a
+check that runs past ``RANKCHECK_LIMIT_S`` (60 s unless set) is named with its
+stack and ends its rank. Usage: device_paths.py [name-filter]
 """
 
 from __future__ import annotations
@@ -351,4 +352,8 @@ def a_rank_alone_in_a_collective_times_out_where_a_team_layer_sets_up_lazily() -
     dist.barrier()
 
 
+# A check that hangs (issue 39's lone rank in a UCC team layer that sets up lazily did) is named with its stack
+# (rankcheck's Watchdog) at 60 s, half of run_ranks' 120 s limit for the whole job, rather than only killed with
+# the job; a caller's own RANKCHECK_LIMIT_S (tests/gpu sets one per check) wins.
+os.environ.setdefault("RANKCHECK_LIMIT_S", "60")
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

@@ -31,10 +31,10 @@ exit, once fail-fast's goodbye is out (:func:`hpccomm.failure.after_goodbye`),
 rank 0 serves on until every other rank has said goodbye to the store (its own
 exit step) or has failed, then stops its thread before MPI is finalised. No
 clock ends the wait: a rank still running may still use the store, however
-long after rank 0 left (with a bound, its later operations failed as "shut
-down"), and a process that ends without any exit step is seen by the
-launcher, which ends the job (Open MPI's and MPICH's both do, also at exit
-status 0), as it would end one hung in ``MPI_Finalize``.
+long after rank 0 left (under the 30 s bound this wait had until 2026-11-28,
+its later operations went unanswered until their own timeout), and a process
+that ends without any exit step is seen by the launcher, which ends the job
+(Open MPI's and MPICH's both do, also at exit status 0).
 """
 
 from __future__ import annotations

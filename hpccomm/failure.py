@@ -30,7 +30,8 @@ protocol (:data:`hpccomm.ledger.MOST_GROUPS`). Between the sends and finalising,
 given to :func:`after_goodbye` run: teardowns that wait for the other ranks
 (UCC's), which must not keep this rank's goodbye from the others and must
 still learn of ranks that leave; the allgathers they will still make are
-counted in the goodbye (``Ledger.promised``).
+counted in the goodbye (``Ledger.promised``), as settled just before it by
+the steps given to :func:`before_goodbye`.
 
 Where torch's flight recorder is to be written on failure
 (:mod:`hpccomm.flight_recorder`), a rank that aborts the job first writes its
@@ -79,6 +80,7 @@ _said: dict[int, dict[str, ledger.Facts]] = {}
 _inbox_lock = threading.Lock()
 _status: Any = None
 _ANY_SOURCE = -1  # MPI's, set as fail-fast is armed
+_before_goodbye: list[Callable[[], None]] = []
 _after_goodbye: list[Callable[[], None]] = []
 #: What a goodbye says: this rank leaves; or it leaves failing, and asks for each rank's flight record first.
 _LEAVING = b"\x01"
@@ -137,6 +139,23 @@ def after_goodbye(step: Callable[[], None]) -> bool:
         return False
     _after_goodbye.append(step)
     return True
+
+
+def before_goodbye(step: Callable[[], None]) -> None:
+    """Run ``step`` at exit just before this rank's goodbyes are written (not where it aborts the job).
+
+    For local steps that settle what the goodbye says: whether a teardown
+    promised in a ledger (``Ledger.promised``) will run after all.
+    """
+    _before_goodbye.append(step)
+
+
+def _run_steps(steps: list[Callable[[], None]]) -> None:
+    for step in steps:
+        try:
+            step()
+        except Exception as exc:  # the others still run; exit goes on
+            print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _aborting_hook(previous: Any) -> Any:
@@ -213,16 +232,13 @@ def _say_goodbye() -> None:
     MPI = mpi()
     if MPI.Is_finalized():
         return
+    _run_steps(_before_goodbye)
     sends = _send_goodbyes(_LEAVING) + _answers
     deadline = time.monotonic() + _GOODBYE_WAIT_S
     while sends and time.monotonic() < deadline:
         sends = [request for request in sends if not _ended(request)]
         time.sleep(0.001)
-    for step in _after_goodbye:
-        try:
-            step()
-        except Exception as exc:  # the others still run; exit goes on
-            print(f"hpccomm: rank {_rank}: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)
+    _run_steps(_after_goodbye)
     _collect_goodbyes(wait=True)  # the goodbyes already here are received: none is left to MPI's finalize
 
 

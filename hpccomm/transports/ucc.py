@@ -442,10 +442,12 @@ def _world_context(comm: Any, timeout_s: float) -> Context:
         _context = Context(world, timeout_s, departures, Library.instance())
         # The context's teardown waits for the other ranks: after the goodbye
         # (so a rank that leaves early does not hold up the others) and while
-        # ranks that leave are still noticed. The progress engine's drain,
-        # registered later with atexit, runs before either.
+        # ranks that leave are still noticed. The goodbye says whether it will
+        # run (the teams are closed first, locally, just before it: a team kept
+        # for an operation that never completed keeps the context). The
+        # progress engine's drain, registered later with atexit, runs before all.
         if failure.after_goodbye(_at_exit):
-            departures.ledger.promised = 1  # the teardown's barrier, an allgather after the goodbye
+            failure.before_goodbye(lambda: _promise_teardown(departures))
         else:
             atexit.register(_at_exit)
     return _context
@@ -476,6 +478,18 @@ class Departures:
     def __call__(self) -> str | None:
         gone = failure.abandoned(self.ledger, "bootstrap", -1, self.ledger.collectives)
         return f"rank(s) {', '.join(map(str, gone))} left the job without taking part" if gone else None
+
+
+def _promise_teardown(departures: Departures) -> None:
+    """Just before the goodbye: close the teams (local) and count the context's teardown barrier if it will run.
+
+    A rank that said it would and then did not (a team kept for an operation
+    that never completed, after a timeout) held every other rank in its
+    teardown for the drain's whole bound, 30 s.
+    """
+    for transport in list(_open):
+        transport.close()
+    departures.ledger.promised = int(_context is not None and _context.handle is not None and not _context.teams)
 
 
 def _at_exit() -> None:

@@ -101,6 +101,19 @@ class FakeDevice:
                     return
             time.sleep(0.001)
 
+    def wait_for(self, stream: FakeStream) -> None:
+        """Block until ``stream`` has run what is queued on it now, as a device allocation waits.
+
+        ``cudaMalloc`` synchronises with the work queued on the legacy default
+        stream (CUDA's implicit synchronisation); the caller's stream stands for
+        it here. A held or stalled stream keeps the caller waiting.
+        """
+        event = self.record(stream)
+        while not self.query(event):
+            if not self.late:
+                self.run()
+            time.sleep(0.001)
+
     def stall(self, stream: FakeStream) -> Callable[[], None]:
         """Queue a kernel on ``stream`` that runs until the returned function is called (what was queued before runs)."""
         with self._lock:

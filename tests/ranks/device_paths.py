@@ -352,6 +352,94 @@ def a_rank_alone_in_a_collective_times_out_where_a_team_layer_sets_up_lazily() -
     dist.barrier()
 
 
+class FirstUseAllocations:
+    """UCC and UCX allocating device memory for a process's first large collective, stood in for on host memory.
+
+    On a GPU, UCC's and UCX's first large collective allocates device
+    resources (its pipeline, reduction executors, transfer streams) once it is
+    posted, and a device allocation waits for the work queued on the legacy
+    default stream (CUDA's implicit synchronisation): on an H100 the first
+    large all-reduce after init ended only once a kernel the caller queued
+    after it had (issue 39). Here the first post of at least
+    :attr:`LARGE_BYTES` in the process waits until the caller's stream has
+    run what is queued on it (:meth:`FakeDevice.wait_for`).
+    """
+
+    LARGE_BYTES = 1 << 20
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        #: Where the allocation happened: "init" (a request posted as it was made) or "post" (a gated post).
+        self.allocated_at: str | None = None
+
+    def __enter__(self) -> FirstUseAllocations:
+        from hpccomm.ucc.request import Request
+
+        self.request_class, self.init, self.post = Request, Request.__init__, Request.post
+        original_init, original_post = self.init, self.post
+
+        def allocating_init(request: Request, team, args, keep, post: bool = True) -> None:  # type: ignore[no-untyped-def]
+            if post:
+                self._first_use(keep, "init")
+            original_init(request, team, args, keep, post)
+
+        def allocating_post(request: Request) -> None:
+            self._first_use(request._keep, "post")
+            original_post(request)
+
+        Request.__init__, Request.post = allocating_init, allocating_post
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.request_class.__init__, self.request_class.post = self.init, self.post
+
+    def _first_use(self, keep: object, where: str) -> None:
+        tensors = keep if isinstance(keep, (tuple, list)) else (keep,)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+        if self.allocated_at is None and nbytes >= self.LARGE_BYTES:
+            self.allocated_at = where
+            self.device.wait_for(self.device.user)
+
+
+#: How long the stand-in kernel runs unless wait() returns first (then it ends at once): a bound on the check's
+#: failure, not a speed target; a 1 MiB all-reduce takes milliseconds here.
+KERNEL_S = 20.0
+
+
+@check
+def a_first_large_collective_waits_for_no_kernel_queued_after_it() -> None:
+    if PATH != "ucc" or not LATE:
+        return  # once per CI run: with the device that lags as a GPU does
+    from hpccomm.transports import ucc_cuda
+
+    with FirstUseAllocations(DEVICE) as layer:
+        ucc_cuda._warmed.discard(torch.device("cpu"))  # the process's first group on this device, as after init
+        fresh = UCCCudaTransport.for_group(world.mpi().COMM_WORLD.Dup(), range(SIZE), 60.0, STAGED, DEVICE,
+                                           torch.device("cpu"), in_place=settings.ucc_in_place)
+        x = torch.full((FirstUseAllocations.LARGE_BYTES // 4,), float(RANK))
+        work = HpcWork(fresh.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 60.0)
+        finish_kernel = DEVICE.stall(DEVICE.user)  # queued after the call
+        ended = threading.Event()
+
+        def end_kernel() -> None:
+            ended.set()
+            finish_kernel()
+
+        timer = threading.Timer(KERNEL_S, end_kernel)
+        timer.start()
+        try:
+            work.wait()
+            assert not ended.is_set(), f"wait() returned only once the kernel queued after the call ended ({KERNEL_S} s)"
+        finally:
+            timer.cancel()
+            finish_kernel()
+        assert layer.allocated_at == "init", f"UCC's first large collective was {layer.allocated_at!r}, not at creation"
+        DEVICE.synchronize()
+        assert torch.equal(x, torch.full_like(x, ranks_sum(0.0))), x[:3]
+    fresh.close()
+    dist.barrier()
+
+
 # A check that hangs (issue 39's lone rank in a UCC team layer that sets up lazily did) is named with its stack
 # (rankcheck's Watchdog) at 60 s, half of run_ranks' 120 s limit for the whole job, rather than only killed with
 # the job; a caller's own RANKCHECK_LIMIT_S (tests/gpu sets one per check) wins.

@@ -19,6 +19,9 @@ from hpccomm.cli.collectives import COLLECTIVES, IN_PLACE, OUT_OF_PLACE, Case, b
 TINY = ["-b", "4", "-e", "64K", "-f", "128", "-n", "4", "-w", "1", "--block", "2", "--no-progress"]
 COMPARE = ["--compare", "gloo,mpi4py"]
 
+# Its result is the same under every torch release and MPI: CI runs it in its first step only (.ci/run).
+pytestmark = pytest.mark.one_environment
+
 
 @pytest.mark.parametrize(
     "name, nranks, factor",

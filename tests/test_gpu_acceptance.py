@@ -15,6 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Its result is the same under every torch release and MPI: CI runs it in its first step only (.ci/run).
+pytestmark = pytest.mark.one_environment
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
 #: Where prepare finds a UCC source tarball when given none (as .ci/run does).

@@ -53,6 +53,36 @@ def test_the_gpu_only_code_compiles_and_the_script_parses():
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
 
 
+def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp_path):
+    # tests/build_ucc.sh: on the H100 a UCC rebuilt without tl/nccl into the same prefix most likely still had
+    # the first build's tl/nccl there (issue 39). Before it builds, an earlier build of its own is removed, and
+    # any other non-empty directory is refused untouched; stopped here at the source check, past that step.
+    build = REPO / "tests" / "build_ucc.sh"
+    source, wheel = tmp_path / "ucc-source", tmp_path / "libucx_cu13-1.22.0-py3-none-any.whl"
+    source.mkdir()  # no configure script: the build stops once the prefix is ready
+    wheel.write_bytes(b"")
+    earlier = tmp_path / "earlier"
+    stale = [earlier / "lib" / "ucc" / "libucc_tl_nccl.so", earlier / "ucx" / "libucx" / "lib" / "libucp.so",
+             earlier / "make.log", earlier / "PREBUILT", earlier / "ucc-env.sh"]
+    for path in stale:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("from the earlier build\n")
+    (earlier / ".build_ucc").write_text("made by tests/build_ucc.sh\n")
+    proc = subprocess.run(["bash", str(build), "--no-mpi", str(source), str(wheel), str(earlier)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "has no configure script" in proc.stderr, proc.stdout + proc.stderr
+    assert [path for path in stale if path.exists()] == [], sorted(map(str, earlier.rglob("*")))
+    assert (earlier / ".build_ucc").is_file()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "lib").mkdir()
+    (other / "lib" / "keep.so").write_text("not UCC's\n")
+    proc = subprocess.run(["bash", str(build), "--no-mpi", str(source), str(wheel), str(other)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "did not make it" in proc.stderr, proc.stdout + proc.stderr
+    assert (other / "lib" / "keep.so").read_text() == "not UCC's\n"
+
+
 def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
     # acceptance.sh's `within`: the H100's first run hung in one part and lost every later one.
     text = SCRIPT.read_text()

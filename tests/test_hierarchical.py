@@ -31,8 +31,8 @@ def assert_nothing_left(run, only_ours: bool = False) -> None:
 
 
 #: The other layouts check hpccomm's own arithmetic of nodes, leaders and chunks, the same under every torch
-#: release and MPI: CI runs them in its first step only (.ci/run). 2 x 2, both numberings, and the failures run
-#: wherever the suite does.
+#: release and MPI: CI runs them in its first step only (.ci/run). 2 x 2 numbered round-robin (the MPI's own
+#: node grouping) and the failures run wherever the suite does.
 ONCE = pytest.mark.one_environment
 
 
@@ -40,7 +40,7 @@ ONCE = pytest.mark.one_environment
     "per_node, round_robin",
     [
         pytest.param((1, 1), False, id="2x1", marks=ONCE),
-        pytest.param((2, 2), False, id="2x2"),
+        pytest.param((2, 2), False, id="2x2", marks=ONCE),
         pytest.param((3, 3), False, id="2x3", marks=ONCE),
         pytest.param((2, 1), False, id="2+1", marks=ONCE),
         pytest.param((2, 2), True, id="2x2-round-robin"),  # the MPI's own node grouping, ranks interleaved

@@ -1,16 +1,16 @@
 """Ending a job: exit without destroy, or with async work in flight, never crashes or hangs (each transport).
 
-A prototype crashed 2 runs in 3 on exit through its communication thread, so
-each mode runs three times on MPI; on UCC, whose teardown shares that thread
-and adds its own (team, context, library), once per mode, for CI's time.
+A prototype crashed 2 runs in 3 on exit through its communication thread. Each
+mode runs once per transport here, and CI runs it again with each of its other
+MPIs (.ci/run: the MPICH wheel, Debian's MPICH and Open MPI), so every CI run
+ends each mode four times on MPI.
 """
 
 import pytest
 from launch import run_ranks
 from transports import ON_UCC, needs_ucc
 
-RUNS = [*(pytest.param({}, id=f"mpi-{attempt}") for attempt in (1, 2, 3)),
-        pytest.param(ON_UCC, id="ucc", marks=needs_ucc)]
+RUNS = [pytest.param({}, id="mpi"), pytest.param(ON_UCC, id="ucc", marks=needs_ucc)]
 
 
 @pytest.mark.parametrize("transport", RUNS)

@@ -2,6 +2,10 @@
 
 import pytest
 from hpccomm.transports import shm
+
+#: Variants of hpccomm's own engine (streaming stores, torch's half kernels, no progress thread), the same under
+#: every torch release and MPI: CI runs them in its first step only (.ci/run).
+ONCE = pytest.mark.one_environment
 from launch import assert_all_ranks_ok, run_ranks
 
 # Every collective takes the shared-memory path, in 64-byte chunks (1 KiB slots).
@@ -14,6 +18,7 @@ def test_shared_memory_collectives(nprocs):
     assert_all_ranks_ok(run, nprocs)
 
 
+@ONCE
 def test_shared_memory_collectives_streaming_every_result():
     # Non-temporal stores for every result, in chunks of up to 1 KiB: unaligned heads and tails everywhere.
     env = {**SHM_EVERYWHERE, "HPCCOMM_SHM_SLOT_BYTES": "16384", "HPCCOMM_SHM_STREAM_MIN_BYTES": "0"}
@@ -21,11 +26,13 @@ def test_shared_memory_collectives_streaming_every_result():
     assert_all_ranks_ok(run, 3)
 
 
+@ONCE
 def test_shared_memory_collectives_with_torch_half_kernels():
     run = run_ranks(2, "shm.py", "every_dtype", env={**SHM_EVERYWHERE, "HPCCOMM_HALF_KERNELS": "torch"}, limit_s=300)
     assert_all_ranks_ok(run, 2)
 
 
+@ONCE
 def test_shared_memory_collectives_without_progress_thread():
     run = run_ranks(3, "shm.py", "async", env={**SHM_EVERYWHERE, "HPCCOMM_PROGRESS_THREAD": "0"}, limit_s=300)
     assert_all_ranks_ok(run, 3)

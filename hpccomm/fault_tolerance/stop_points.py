@@ -42,50 +42,79 @@ _STOP_TAG = 11
 class StopPoints:
     """The stops announced on one group's own communicator (never revoked).
 
+    Nothing is posted for the stops: they are probed for, from any source
+    (one probe per look, whatever the group's size, where a receive per peer
+    cost each group N-1 pending requests from its creation on, and each look
+    a test of every one). A peer's death is what this process's MPI says
+    (ULFM's failed ranks); a stop that a peer sent before it died is taken
+    in only if it arrived before the death was seen, so a rank is counted
+    once, as stopped or as dead.
+
     Args:
         comm: a duplicate of the group's communicator, owned by this object.
     """
 
     def __init__(self, comm: Any) -> None:
-        MPI = mpi()
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        #: peer -> (posted receive of its stop, its 8-byte buffer)
-        self._inbox: dict[int, tuple[Any, bytearray]] = {}
-        for peer in range(self.size):
-            if peer != self.rank:
-                buf = bytearray(8)
-                self._inbox[peer] = (comm.Irecv((buf, MPI.BYTE), peer, _STOP_TAG), buf)
         #: group rank -> its announced stop (this rank's own included once announced)
         self.stops: dict[int, int] = {}
-        #: peers whose stop will never come: their receive ended in error (ULFM: they died)
+        #: peers whose stop will never come: MPI lists them among the failed (ULFM: they died)
         self.dead: set[int] = set()
         self._sends: list[Any] = []
-        #: receives of peers counted dead while still posted, cancelled at close
-        self._abandoned: list[Any] = []
-        # MPI forbids two threads completing one request: a waiter and the progress thread both poll.
+        # MPI forbids two threads receiving one probed message: a waiter and the progress thread both poll.
         self._lock = threading.Lock()
 
     def poll(self) -> None:
-        """Take in the stops (and deaths) that have arrived; a thread finding another polling skips."""
-        if not self._inbox or not self._lock.acquire(blocking=False):
+        """Take in the stops that have arrived; a thread finding another polling skips."""
+        MPI = mpi()
+        comm = self._comm
+        if comm is None:
             return
         try:
-            Exception = mpi().Exception
-            for peer in list(self._inbox):
-                request, buf = self._inbox[peer]
-                try:
-                    arrived = request.Test()
-                except Exception:
-                    del self._inbox[peer]
-                    self.dead.add(peer)
-                    continue
-                if arrived:
-                    del self._inbox[peer]
-                    self.stops[peer] = int.from_bytes(buf, "little", signed=True)
+            # The usual answer, nothing, without the lock (as fail-fast's goodbyes).
+            if not comm.Iprobe(MPI.ANY_SOURCE, _STOP_TAG):
+                return
+        except MPI.Exception:
+            pass  # ULFM: a rank failed; acknowledged below
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._receive_all()
         finally:
             self._lock.release()
+
+    def _receive_all(self) -> None:
+        """Receive every stop that has arrived (under the lock)."""
+        MPI = mpi()
+        status = MPI.Status()
+        acknowledged = False
+        while True:
+            try:
+                message = self._comm.Improbe(MPI.ANY_SOURCE, _STOP_TAG, status)
+            except MPI.Exception:
+                # ULFM: probing any source raises until this process acknowledges the failures it knows of.
+                if acknowledged:
+                    return
+                self._acknowledge()
+                acknowledged = True
+                continue
+            if message is None:
+                return
+            buf = bytearray(8)
+            message.Recv((buf, MPI.BYTE))
+            peer = status.Get_source()
+            if peer not in self.dead:
+                self.stops[peer] = int.from_bytes(buf, "little", signed=True)
+
+    def _acknowledge(self) -> None:
+        """Acknowledge the failures MPI knows of on this communicator; count the dead that never stopped."""
+        try:
+            self._comm.Ack_failed()
+        except (mpi().Exception, NotImplementedError):
+            pass
+        self.dead |= failed_ranks(self._comm) - set(self.stops)
 
     def lowest(self) -> int | None:
         """The lowest stop announced so far, or None."""
@@ -100,7 +129,7 @@ class StopPoints:
         MPI = mpi()
         token = bytearray(stop.to_bytes(8, "little", signed=True))
         for peer in range(self.size):
-            if peer != self.rank:
+            if peer != self.rank and peer not in self.dead:
                 try:
                     self._sends.append(self._comm.Isend((token, MPI.BYTE), peer, _STOP_TAG))
                 except MPI.Exception:
@@ -109,33 +138,32 @@ class StopPoints:
     def complete(self) -> bool:
         """Whether every rank has announced its stop or is known dead.
 
-        Dead: its receive ended in error, or, where it has not (yet), this
-        process's MPI lists it among the failed: two reports of one fact, and
-        the agreement needs only one.
+        Dead: this process's MPI lists it among the failed, and its stop had
+        not arrived when that was seen.
         """
         self.poll()
         if len(self.stops) + len(self.dead) < self.size:
             with self._lock:
-                for peer in failed_ranks(self._comm) & set(self._inbox):
-                    request, _buf = self._inbox.pop(peer)
-                    self._abandoned.append(request)
-                    self.dead.add(peer)
+                self._receive_all()  # the stops here first: a rank whose stop arrived is not counted dead
+                self._acknowledge()
+                self._receive_all()
         return len(self.stops) + len(self.dead) >= self.size
 
     def close(self) -> None:
-        """Cancel the receives no stop matched; free the communicator if no rank announced (local)."""
-        Exception = mpi().Exception
+        """Receive the stops already here and settle this rank's sends; free the communicator if no rank announced.
+
+        Local: a stop that arrives later is left to the communicator, which
+        is not freed once any rank announced (a dead peer's messages may
+        still refer to it).
+        """
         with self._lock:
             if self._comm is None:
                 return
-            for request in [*(request for request, _buf in self._inbox.values()), *self._abandoned]:
-                try:
-                    request.Cancel()
-                    request.Wait()
-                except Exception:
-                    pass  # a dead peer's
-            self._inbox.clear()
-            self._abandoned = []
+            Exception = mpi().Exception
+            try:
+                self._receive_all()
+            except Exception:
+                pass
             for request in self._sends:
                 try:
                     if not request.Test():
@@ -144,5 +172,5 @@ class StopPoints:
                     pass
             self._sends = []
             if not self.stops:
-                self._comm.Free()  # after a failure it stays: a dead peer's requests may still refer to it
+                self._comm.Free()
             self._comm = None

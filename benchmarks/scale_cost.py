@@ -1,7 +1,7 @@
 """What hpccomm costs a rank as the job grows: counts, CPU and memory at 2-64 ranks, and a linear fit (issue 41).
 
     python benchmarks/scale_cost.py [--ranks 2,4,8,16,32,64] [--layouts one,two] [--backends hpccomm,gloo]
-                                    [--json FILE]
+                                    [--ft] [--json FILE]
 
 Runs tests/ranks/scale_cost.py once per size and layout: ``one`` node
 (``hpccomm-run -n N``) or ``two`` fake nodes (tests/nodes.py: root, unshare;
@@ -14,7 +14,9 @@ check (median over ranks), the memory added (median over ranks). Then, for the
 quantities that grow, a least-squares line ``a + b N`` over the sizes run
 and its value at 1,024, 4,096 and 16,384 ranks. ``gloo``: the same job makes
 torch's Gloo group through a TCPStore on rank 0 (rank and size from MPI), for
-its times, memory, file descriptors and threads beside hpccomm's.
+its times, memory, file descriptors and threads beside hpccomm's. ``--ft``: hpccomm's jobs in fault-tolerant
+mode (``hpccomm-run --ft``, one node only), with the group's stop points: the receives they keep posted and the
+CPU time of one look.
 docs/scale.md reads these tables into its model.
 """
 
@@ -43,11 +45,14 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def job(n: int, layout: str, backend: str) -> list[dict[str, float]]:
+def job(n: int, layout: str, backend: str, ft: bool = False) -> list[dict[str, float]]:
     """Each rank's COST fields, or [] (the failure printed) where the job failed."""
     args = ("gloo", str(free_port())) if backend == "gloo" else ("hpccomm",)
     if layout == "one":
-        run = run_ranks(n, "scale_cost.py", *args, launcher=HPCCOMM_RUN, limit_s=900)
+        launcher = [*HPCCOMM_RUN, "--ft"] if ft else HPCCOMM_RUN
+        run = run_ranks(n, "scale_cost.py", *args, launcher=launcher, limit_s=900)
+    elif ft:
+        raise SystemExit("--ft: one node only")
     else:
         run = run_on_nodes((n - n // 2, n // 2), "scale_cost.py", *args, limit_s=900)
     lines = re.findall(r"^COST (.*)$", run.output, re.MULTILINE)
@@ -71,33 +76,38 @@ def main() -> None:
     parser.add_argument("--ranks", default="2,4,8,16,32,64")
     parser.add_argument("--layouts", default="one,two")
     parser.add_argument("--backends", default="hpccomm,gloo")
+    parser.add_argument("--ft", action="store_true", help="hpccomm in fault-tolerant mode (one node)")
     parser.add_argument("--json", default=None, help="also write every rank's fields here")
     args = parser.parse_args()
     sizes = [int(part) for part in args.ranks.split(",")]
     everything: dict[str, dict[int, list[dict[str, float]]]] = {}
     columns = ("mpi start s", "init s", "new_group s", "store ops init/group", "served", "goodbye recvs/sends",
                "goodbye bytes", "check us", "raw probe us", "rss MiB", "fds", "threads")
+    if args.ft:
+        columns += ("stop recvs", "stop look us")
     for layout in args.layouts.split(","):
         for backend in args.backends.split(","):
-            key = f"{backend} {layout}"
+            key = f"{backend}{' ft' if args.ft and backend == 'hpccomm' else ''} {layout}"
             everything[key] = {}
             print(f"\n{backend}, {layout} node{'s' if layout == 'two' else ''}")
             print("| ranks | " + " | ".join(columns) + " |")
             print("|---" * (len(columns) + 1) + "|")
             for n in sizes:
-                ranks = job(n, layout, backend)
+                ranks = job(n, layout, backend, args.ft and backend == "hpccomm")
                 if not ranks:
                     continue
                 everything[key][n] = ranks
                 most = {name: max(r[name] for r in ranks) for name in ranks[0] if name != "served"}
                 served = next(r["served"] for r in ranks if "served" in r)
                 median = {name: statistics.median(r.get(name, 0.0) for r in ranks)
-                          for name in ("departed_us", "probe_us", "rss_mib")}
+                          for name in ("departed_us", "probe_us", "rss_mib", "stop_look_us")}
+                stops = (f" {most.get('stop_receives', 0):.0f} | {median['stop_look_us']:.2f} |"
+                         if args.ft else "")
                 print(f"| {n} | {most['mpi_start_s']:.2f} | {most['init_s']:.3f} | {most['group_s']:.3f} | "
                       f"{most['init_store_ops']:.0f}/{most['group_store_ops']:.0f} | {served:.0f} | "
                       f"{most['goodbye_receives']:.0f}/{most['goodbye_sends']:.0f} | "
                       f"{most.get('goodbye_bytes', 0):.0f} | {median['departed_us']:.2f} | {median['probe_us']:.2f} | "
-                      f"{median['rss_mib']:.1f} | {most['fds']:.0f} | {most['threads']:.0f} |", flush=True)
+                      f"{median['rss_mib']:.1f} | {most['fds']:.0f} | {most['threads']:.0f} |{stops}", flush=True)
     print("\nfits a + b N over the sizes run, and their value at " + ", ".join(map(str, PREDICT_AT)) + " ranks")
     print("| layout | quantity | a | b | " + " | ".join(f"N={n}" for n in PREDICT_AT) + " |")
     print("|---" * (4 + len(PREDICT_AT)) + "|")
@@ -107,6 +117,9 @@ def main() -> None:
             quantities += [("departed_us", "fail-fast check, CPU us", statistics.median),
                            ("probe_us", "raw MPI probe, CPU us", statistics.median),
                            ("goodbye_receives", "pending receives", max)]
+        if " ft " in f"{layout} ":
+            quantities += [("stop_receives", "stop receives posted", max),
+                           ("stop_look_us", "look for stops, CPU us", statistics.median)]
         for key, name, pick in quantities:
             points = [(n, pick(r[key] for r in ranks)) for n, ranks in by_n.items()]
             if len(points) < 2:

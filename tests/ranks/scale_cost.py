@@ -12,7 +12,10 @@ Prints one line a rank, ``COST rank=R key=value ...``:
   group of every rank, as a waiting operation makes it every few polls), the median of 5 batches of 200;
 - ``probe_us``: the same for one raw ``MPI_Iprobe`` from any source (mpi4py), the MPI progress any check pays;
 - ``rss_mib``: the resident memory this rank added from before MPI started to after the group;
-- ``fds``, ``threads``: the file descriptors this process holds (sockets included) and its threads, after the group.
+- ``fds``, ``threads``: the file descriptors this process holds (sockets included) and its threads, after the group;
+- in fault-tolerant mode (``hpccomm-run --ft``), for the group: ``stop_receives``, the receives its stop points
+  keep posted (:mod:`hpccomm.fault_tolerance.stop_points`), and ``stop_look_us``, this thread's CPU time for one
+  look for stops (what a waiting operation does every 10 ms), the median of 5 batches of 200.
 
 Usage: scale_cost.py [hpccomm | gloo PORT]. With ``gloo``, the same job (rank and size from MPI) makes torch's
 Gloo group instead, through a TCPStore on 127.0.0.1:PORT served by rank 0 (what torch's own rendezvous does),
@@ -33,6 +36,7 @@ import hpccomm
 import hpccomm.failure as failure
 import hpccomm.ledger as ledger
 import hpccomm.store as store
+import torch
 import torch.distributed as dist
 
 
@@ -102,6 +106,15 @@ if failure._control is not None:
         for _ in range(200):
             failure._control.Iprobe(any_source, 9999)  # a tag nothing uses
         probes.append((time.thread_time() - c0) / 200 * 1e6)
+recovery = getattr(group._get_backend(torch.device("cpu")), "_recovery", None) if backend != "gloo" else None
+looks = []
+if recovery is not None:
+    stops = recovery._stops
+    for _ in range(5):
+        c0 = time.thread_time()
+        for _ in range(200):
+            stops.poll()
+        looks.append((time.thread_time() - c0) / 200 * 1e6)
 dist.barrier()
 grown = rss_mib() - before
 if backend == "gloo":
@@ -113,6 +126,9 @@ fields = {
     "probe_us": f"{statistics.median(probes) if probes else 0.0:.2f}", "rss_mib": f"{grown:.1f}",
     "fds": len(os.listdir("/proc/self/fd")), "threads": _threads(),
 }
+if recovery is not None:
+    fields["stop_receives"] = len(getattr(recovery._stops, "_inbox", ()))  # posted per peer before 2026-11-29
+    fields["stop_look_us"] = f"{statistics.median(looks):.2f}"
 if rank == 0:
     fields["served"] = served[0]
 print(f"COST rank={rank} " + " ".join(f"{key}={value}" for key, value in fields.items()), flush=True)

@@ -87,6 +87,8 @@ class StopPoints:
 
     def _receive_all(self) -> None:
         """Receive every stop that has arrived (under the lock)."""
+        if self._comm is None:
+            return  # closed meanwhile by another thread
         MPI = mpi()
         status = MPI.Status()
         acknowledged = False

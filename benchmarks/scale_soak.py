@@ -12,7 +12,9 @@ when a rank raised PeerExitedError (a departed rank was taken for a failed one);
 ``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. The table: per
 size, layout and load, the jobs, each outcome, the median and slowest job's wall time, and the goodbyes per rank
 and their largest size in bytes; each job's verdict and time also go to stderr as it ends. Not a CI test: a
-64-rank job on two fake nodes takes minutes on 2 cores.
+64-rank job on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
+330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything large beside them (another job) sends the page cache
+thrashing, which shows as a hang at exit.
 """
 
 from __future__ import annotations

@@ -51,8 +51,6 @@ def job(n: int, layout: str, backend: str, ft: bool = False) -> list[dict[str, f
     if layout == "one":
         launcher = [*HPCCOMM_RUN, "--ft"] if ft else HPCCOMM_RUN
         run = run_ranks(n, "scale_cost.py", *args, launcher=launcher, limit_s=900)
-    elif ft:
-        raise SystemExit("--ft: one node only")
     else:
         run = run_on_nodes((n - n // 2, n // 2), "scale_cost.py", *args, limit_s=900)
     lines = re.findall(r"^COST (.*)$", run.output, re.MULTILINE)
@@ -79,6 +77,8 @@ def main() -> None:
     parser.add_argument("--ft", action="store_true", help="hpccomm in fault-tolerant mode (one node)")
     parser.add_argument("--json", default=None, help="also write every rank's fields here")
     args = parser.parse_args()
+    if args.ft and args.layouts != "one":
+        parser.error("--ft runs on one node only: give --layouts one")
     sizes = [int(part) for part in args.ranks.split(",")]
     everything: dict[str, dict[int, list[dict[str, float]]]] = {}
     columns = ("mpi start s", "init s", "new_group s", "store ops init/group", "served", "goodbye recvs/sends",
@@ -117,7 +117,7 @@ def main() -> None:
             quantities += [("departed_us", "fail-fast check, CPU us", statistics.median),
                            ("probe_us", "raw MPI probe, CPU us", statistics.median),
                            ("goodbye_receives", "pending receives", max)]
-        if " ft " in f"{layout} ":
+        if args.ft and layout.startswith("hpccomm"):
             quantities += [("stop_receives", "stop receives posted", max),
                            ("stop_look_us", "look for stops, CPU us", statistics.median)]
         for key, name, pick in quantities:

@@ -56,11 +56,11 @@ def _size(name: str, default: int | None) -> int | None:
         raise ValueError(f"hpccomm: {name}={value!r} is not a whole number of bytes") from None
 
 
-def _count(name: str) -> int:
-    """A whole number of at least 0 (0 when unset)."""
+def _count(name: str, default: int = 0) -> int:
+    """A whole number of at least 0 (``default`` when unset)."""
     value = os.environ.get(name, "").strip()
     try:
-        count = int(value or 0)
+        count = int(value or default)
     except ValueError:
         count = -1
     if count < 0:
@@ -200,6 +200,12 @@ class Config:
             the last ones, are spares: not ranks, waiting inside
             ``init_process_group`` until a dead rank's place is theirs
             (:mod:`hpccomm.fault_tolerance.spares`). 0 by default.
+        goodbye_tree_from: ``HPCCOMM_GOODBYE_TREE_FROM``: from this many
+            ranks up, a rank that leaves tells the others over a tree of the
+            ranks, each passing the news on (:mod:`hpccomm.goodbye_tree`), not
+            each rank itself; ``0`` never. A thread of each rank passes news
+            on while the rank is busy outside hpccomm; it needs
+            ``MPI_THREAD_MULTIPLE``.
         store: ``HPCCOMM_STORE``: the job's store, where MASTER_ADDR and
             MASTER_PORT are not set (:mod:`hpccomm.rendezvous`): ``auto``
             (served over MPI by a thread of rank 0, :mod:`hpccomm.store`,
@@ -223,6 +229,7 @@ class Config:
     ft: bool
     ft_keep_bytes: int
     ft_spares: int
+    goodbye_tree_from: int
     store: str
 
 
@@ -243,6 +250,7 @@ def _read() -> Config:
         ft=_flag("HPCCOMM_FT"),
         ft_keep_bytes=_size("HPCCOMM_FT_KEEP_BYTES", 64 << 10),
         ft_spares=_count("HPCCOMM_FT_SPARES"),
+        goodbye_tree_from=_count("HPCCOMM_GOODBYE_TREE_FROM", 64),
         store=_choice("HPCCOMM_STORE", ("auto", "mpi", "file", "tcp")),
     )
 

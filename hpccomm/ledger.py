@@ -13,7 +13,10 @@ stamped with its number, its *ticket*, as it is posted.
 
 A goodbye carries, for each group the departed and the told rank share, only
 what concerns the told rank (:func:`facts_for`): a few integers a group, the
-same size at 4 ranks as at 4,096. This module holds no MPI and imports nothing
+same size at 4 ranks as at 4,096. Where goodbyes travel a tree of the ranks
+(:mod:`hpccomm.goodbye_tree`), a departure's record says what concerns every
+rank alike (:func:`collective_counts`, :func:`partners`), and only the
+partners get their point-to-point counts. This module holds no MPI and imports nothing
 of hpccomm: the groups (:mod:`hpccomm.front`) and UCC's bootstrap
 (:mod:`hpccomm.transports.ucc`) keep ledgers, and :mod:`hpccomm.failure`
 carries their facts.
@@ -124,6 +127,27 @@ def facts_for(mpi_rank: int) -> dict[str, Facts]:
             if len(facts) == MOST_GROUPS:
                 break
     return facts
+
+
+def collective_counts() -> dict[str, int]:
+    """The collectives posted and promised on each group, by group key, newest first (at most MOST_GROUPS)."""
+    counts: dict[str, int] = {}
+    for ledger in reversed(_ledgers):
+        counts.setdefault(ledger.key(), ledger.collectives + ledger.promised)
+        if len(counts) == MOST_GROUPS:
+            break
+    return counts
+
+
+def partners(most: int) -> tuple[int, ...] | None:
+    """The ``MPI_COMM_WORLD`` ranks this rank posted point-to-point messages to or from; None if more than ``most``."""
+    ranks: set[int] = set()
+    for ledger in _ledgers:
+        for peer in (*ledger.sent, *ledger.received):
+            ranks.add(ledger.mpi_ranks[peer])
+        if len(ranks) > most:
+            return None
+    return tuple(sorted(ranks))
 
 
 def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> bool:

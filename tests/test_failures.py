@@ -61,6 +61,46 @@ def test_a_receive_fails_only_once_the_departed_sender_left_it_unsent():
     assert len(run.lines("EXITED")) == 2
 
 
+# Goodbyes over the tree (hpccomm/goodbye_tree.py), which a job uses from 64 ranks, here from 2.
+TREE = {"HPCCOMM_GOODBYE_TREE_FROM": "2"}
+
+
+def test_over_the_tree_a_departure_reaches_ranks_past_busy_ones():
+    """News passes through ranks busy outside hpccomm (their relay threads), to partners and to others."""
+    run = run_ranks(6, "failures.py", "relay", env=TREE, limit_s=120)
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    trees = {int(line.split("rank=")[1].split()[0]): line.split("neighbours=")[1] for line in run.lines("TREE")}
+    assert trees == {0: "[1, 2, 3, 4]", 1: "[0, 5]", 2: "[0]", 3: "[0]", 4: "[0]", 5: "[1]"}, trees
+    (left,) = run.lines("LEFT")
+    left_at = float(left.split("t=")[1].split()[0])
+    gone = {int(line.split("rank=")[1].split()[0]): line for line in run.lines("GONE")}
+    assert sorted(gone) == [2, 3, 4], run.output[-4000:]
+    assert "recv #" in gone[2] and "recv #" in gone[3] and "all_reduce #1" in gone[4], gone
+    for line in gone.values():
+        assert "rank(s) 5 left the job without taking part" in line, line
+        # Ranks 0 and 1, the only path from rank 5, sleep busy_s: learning before they wake is the relay's doing.
+        busy_s = float(line.split("busy_s=")[1].split()[0])
+        assert float(line.split(" t=")[1].split()[0]) - left_at < busy_s / 2, (left, line)
+    assert "value=5" in run.lines("RECEIVED")[0]
+    assert len(run.lines("EXITED")) == 6
+
+
+@pytest.mark.parametrize("nprocs, mode", [(3, "exit3"), (3, "late"), (2, "p2p")])
+def test_over_the_tree_verdicts_are_the_same(nprocs, mode):
+    """A rank that left without its part ends the job; one that did its part is no failure; a partner's counts."""
+    run = run_ranks(nprocs, "failures.py", mode, env=TREE, limit_s=120)
+    if mode == "exit3":
+        check_failed_fast(run, mode, ["rank(s) 1 left the job"])
+        return
+    assert not run.timed_out and run.returncode == 0, run.output[-4000:]
+    assert len(run.lines("EXITED")) == nprocs
+    if mode == "late":
+        assert "got=[0, 1, 2]" in run.lines("GATHERED")[0]
+    else:
+        (gone,) = run.lines("GONE")
+        assert "rank(s) 0 left the job without taking part" in gone, gone
+
+
 # Each stuck-operation case on MPI, on the shared-memory path, and on UCC.
 STUCK = [
     pytest.param(2, {}, id="2"),

@@ -23,7 +23,7 @@ WAIT_S = 1  # TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC below
 
 
 # Where torch records nothing, no job: hpccomm's failure path is then exactly tests/test_failures.py's.
-@pytest.mark.parametrize("mode", ["waits", "busy"] if RECORDS else ["nothing-recorded"])
+@pytest.mark.parametrize("mode", ["waits", "busy", "busy-tree"] if RECORDS else ["nothing-recorded"])
 def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, monkeypatch, mode):
     if mode == "nothing-recorded":
         from hpccomm import flight_recorder
@@ -33,8 +33,10 @@ def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, monkeypat
         assert flight_recorder.write(0) is False and not list(tmp_path.iterdir())
         assert "none written" in flight_recorder.describe()
         return
-    env = {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "trace_"), "TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": str(WAIT_S * 1000)}
-    run = run_ranks(2, "flight_recorder.py", mode, env=env, limit_s=90)
+    env = {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "trace_"), "TORCH_FR_WAIT_TIMEOUT_DUMP_MILSEC": str(WAIT_S * 1000),
+           # Goodbyes over the tree (hpccomm/goodbye_tree.py, from 64 ranks by default) or to every rank.
+           "HPCCOMM_GOODBYE_TREE_FROM": "2" if mode == "busy-tree" else "0"}
+    run = run_ranks(2, "flight_recorder.py", mode.removesuffix("-tree"), env=env, limit_s=90)
     assert not run.timed_out, run.output[-4000:]
     assert run.returncode != 0, run.output[-4000:]
     assert "uncaught CommTimeoutError: hpccomm all_reduce #5" in run.output, run.output[-4000:]
@@ -44,15 +46,15 @@ def test_the_records_name_the_rank_that_skipped_a_collective(tmp_path, monkeypat
     assert took < TIMEOUT_S + WAIT_S + FAIL_FAST_S, f"the job took {took:.1f} s to end"
     written = sorted(path.name for path in tmp_path.iterdir())
     # Waiting in hpccomm, rank 1 wrote its record when rank 0 asked, long before its own 120 s timeout;
-    # busy outside hpccomm, it could not.
-    assert written == (["trace_0", "trace_1"] if mode == "waits" else ["trace_0"]), written
+    # busy outside hpccomm, it could not, but where goodbyes travel the tree its relay thread took the ask.
+    assert written == (["trace_0"] if mode == "busy" else ["trace_0", "trace_1"]), written
     command = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path), "--prefix", "trace_"]
     if mode == "busy":
         command.append("--allow-incomplete-ranks")
     analysis = subprocess.run(command, capture_output=True, text=True, timeout=120)
     report = analysis.stdout + analysis.stderr
     assert analysis.returncode == 0, report
-    if mode == "waits":
+    if mode != "busy":
         for fragment in ("sequence number: 5", "collective: hpccomm:all_reduce", "missing ranks: {1}"):
             assert fragment in report, report
     else:  # the analyzer says whose record is missing

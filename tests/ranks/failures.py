@@ -25,6 +25,13 @@ all_reduce that needs it:
           rank 0 joins the gather 2 s later. Rank 1 must complete it with
           everyone's data: rank 0 left having done its part (a slow rank is not
           a failed one, however long after the departure it arrives).
+    relay: 6 ranks, goodbyes over the tree (HPCCOMM_GOODBYE_TREE_FROM): rank 5
+          sends rank 3 one message and leaves while ranks 0 and 1, the only
+          path from it to ranks 2-4 in the tree, are busy outside hpccomm (their
+          relay threads must pass its record on): rank 2 waits for a message it
+          never sent (not its partner: the record alone tells), rank 3 for a
+          second one (its partner: its own goodbye tells), rank 4 in an
+          all_reduce on a group of ranks 4 and 5; each fails, naming rank 5.
     p2p: rank 0 (which also serves the job's store) sends rank 1 one
           message and leaves; rank 1 then receives twice: the first completes
           with rank 0's data, the second fails at once naming rank 0, which
@@ -141,6 +148,33 @@ if mode == "late":
     if rank == 1:
         got = [int(part[0]) for part in parts]
         say(f"GATHERED rank={rank} after={time.monotonic() - start:.2f} got={got}")
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "relay":
+    busy_s = 6.0
+    from hpccomm import failure
+
+    say(f"TREE rank={rank} neighbours={failure._news.neighbours if failure._news else None}")
+    group = dist.new_group([4, 5])
+    if rank == 5:
+        dist.send(torch.full((4,), 5.0), dst=3)
+        say(f"LEFT rank={rank} t={time.time():.3f}")
+    elif rank in (0, 1):
+        time.sleep(busy_s)  # the news passes through these ranks, busy outside hpccomm
+    else:
+        buf = torch.zeros(4)
+        try:
+            if rank == 3:
+                dist.recv(buf, src=5)
+                say(f"RECEIVED rank={rank} value={buf[0]:.0f}")
+            if rank in (2, 3):
+                dist.recv(buf, src=5)
+            else:
+                dist.all_reduce(buf, group=group)
+            say(f"UNEXPECTED rank={rank}: completed without rank 5")
+        except hpccomm.PeerExitedError as exc:
+            say(f"GONE rank={rank} t={time.time():.3f} busy_s={busy_s} msg={exc}")
     say(f"EXITED rank={rank}")
     sys.exit(0)
 

@@ -1,7 +1,7 @@
 """The scale soak (issue 41, item 4): many jobs of 8-64 ranks, uneven exits, 0 false failures and 0 hangs.
 
     python benchmarks/scale_soak.py [--ranks 8,16,32,48,64] [--layouts one,two] [--load off,on]
-                                    [--jobs 10] [--limit-s 600] [--dumps DIR]
+                                    [--jobs 10] [--limit-s 600] [--dumps DIR] [--tree-from N]
 
 Each job runs tests/ranks/scale_soak.py: every collective on the world, on half the ranks and on each node's
 ranks, each result checked; destroy and init again; then a gather and a broadcast that some ranks join up to
@@ -9,9 +9,13 @@ ranks, each result checked; destroy and init again; then a gather and a broadcas
 or ``two`` fake nodes (tests/nodes.py, half the ranks on each); ``--load on`` runs a CPU-bound process beside
 the job. A job counts as ok when every rank printed SOAK_OK and the launcher exited 0; as a false failure
 when a rank raised PeerExitedError (a departed rank was taken for a failed one); as a hang when it passed
-``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. The table: per
-size, layout and load, the jobs, each outcome, the median and slowest job's wall time, and the goodbyes per rank
-and their largest size in bytes; each job's verdict and time also go to stderr as it ends. Not a CI test: a
+``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. ``--tree-from``
+sets ``HPCCOMM_GOODBYE_TREE_FROM`` for the job (goodbyes over a tree from that many ranks; unset, hpccomm's
+default). The table: per size, layout and load, the jobs, each outcome, the median and slowest job's wall time,
+the most messages a rank sent and received for departures (goodbyes, and over the tree the batches of news it
+passed on), the messages all ranks of a job sent (median over jobs), and the largest goodbye of a rank's own in
+bytes; each job's verdict and time also go to stderr as
+it ends. Not a CI test: a
 64-rank job on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
 330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything large beside them (another job) sends the page cache
 thrashing, which shows as a hang at exit.
@@ -34,15 +38,18 @@ from launch import HPCCOMM_RUN, run_ranks  # noqa: E402
 from nodes import run_on_nodes  # noqa: E402
 
 
-def one_job(n: int, layout: str, seed: int, limit_s: float):
-    """(verdict, wall seconds, sends, bytes, output)."""
+def one_job(n: int, layout: str, seed: int, limit_s: float, env: dict[str, str]):
+    """(verdict, wall seconds, (most sent, most received, sent by every rank), bytes, output)."""
     start = time.monotonic()
     if layout == "one":
-        run = run_ranks(n, "scale_soak.py", str(seed), launcher=HPCCOMM_RUN, limit_s=limit_s, stacks_on_timeout=True)
+        run = run_ranks(n, "scale_soak.py", str(seed), launcher=HPCCOMM_RUN, limit_s=limit_s, stacks_on_timeout=True,
+                        env=env)
     else:
-        run = run_on_nodes((n - n // 2, n // 2), "scale_soak.py", str(seed), limit_s=limit_s, stacks_on_timeout=True)
+        run = run_on_nodes((n - n // 2, n // 2), "scale_soak.py", str(seed), limit_s=limit_s, stacks_on_timeout=True,
+                           env=env)
     wall = time.monotonic() - start
-    oks = re.findall(r"^SOAK_OK rank=\d+ sends=(\d+) bytes=(\d+)$", run.output, re.MULTILINE)
+    oks = re.findall(r"^SOAK_OK rank=\d+ bytes=(\d+)$", run.output, re.MULTILINE)
+    exits = re.findall(r"^SOAK_EXIT rank=\d+ sent=(\d+) received=(\d+)$", run.output, re.MULTILINE)
     if run.timed_out:
         verdict = "hang"
     elif "PeerExitedError" in run.output:
@@ -51,9 +58,10 @@ def one_job(n: int, layout: str, seed: int, limit_s: float):
         verdict = "ok"
     else:
         verdict = "wrong"
-    sends = max((int(s) for s, _ in oks), default=0)
-    size = max((int(b) for _, b in oks), default=0)
-    return verdict, wall, sends, size, run.output
+    messages = (max((int(s) for s, _ in exits), default=0), max((int(r) for _, r in exits), default=0),
+                sum(int(s) for s, _ in exits))
+    size = max((int(b) for b in oks), default=0)
+    return verdict, wall, messages, size, run.output
 
 
 def main() -> None:
@@ -64,13 +72,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10, help="jobs per size, layout and load")
     parser.add_argument("--limit-s", type=float, default=600.0)
     parser.add_argument("--dumps", default=None, help="keep the output of every job that was not ok here")
+    parser.add_argument("--tree-from", type=int, default=None, help="HPCCOMM_GOODBYE_TREE_FROM for the jobs")
     args = parser.parse_args()
+    env = {} if args.tree_from is None else {"HPCCOMM_GOODBYE_TREE_FROM": str(args.tree_from)}
     dumps = Path(args.dumps) if args.dumps else None
     if dumps:
         dumps.mkdir(parents=True, exist_ok=True)
     print("| ranks | layout | load | jobs | ok | false failures | hangs | wrong | median s | slowest s "
-          "| goodbyes a rank | largest goodbye, bytes |")
-    print("|---" * 12 + "|", flush=True)
+          "| goodbye messages a rank sent / received, most | goodbye messages a job, median | largest goodbye, bytes |")
+    print("|---" * 13 + "|", flush=True)
     totals: dict[str, int] = {}
     for layout in args.layouts.split(","):
         for n in (int(part) for part in args.ranks.split(",")):
@@ -79,7 +89,7 @@ def main() -> None:
                 outcomes = []
                 try:
                     for seed in range(args.jobs):
-                        outcomes.append(one_job(n, layout, seed, args.limit_s))
+                        outcomes.append(one_job(n, layout, seed, args.limit_s, env))
                         # Each job as it ends, on stderr: a soak stopped midway keeps what it ran.
                         print(f"job ranks={n} layout={layout} load={'on' if load else 'off'} seed={seed} "
                               f"verdict={outcomes[-1][0]} wall_s={outcomes[-1][1]:.1f}", file=sys.stderr, flush=True)
@@ -97,7 +107,8 @@ def main() -> None:
                 walls = [o[1] for o in outcomes]
                 print(f"| {n} | {layout} | {'on' if load else 'off'} | {len(outcomes)} | {counts['ok']} | "
                       f"{counts['false-failure']} | {counts['hang']} | {counts['wrong']} | "
-                      f"{statistics.median(walls):.1f} | {max(walls):.1f} | {max(o[2] for o in outcomes)} | "
+                      f"{statistics.median(walls):.1f} | {max(walls):.1f} | {max(o[2][0] for o in outcomes)} / "
+                      f"{max(o[2][1] for o in outcomes)} | {statistics.median(o[2][2] for o in outcomes):.0f} | "
                       f"{max(o[3] for o in outcomes)} |", flush=True)
     print("\ntotal: " + ", ".join(f"{verdict} {count}" for verdict, count in totals.items()), flush=True)
 

@@ -7,7 +7,9 @@ Prints one line a rank, ``COST rank=R key=value ...``:
 - ``group_store_ops``, ``group_s``: the same, and the time, of one ``dist.new_group`` of every rank;
 - ``served``: (rank 0) the store operations its server answered, for the whole job, init and group;
 - ``goodbye_receives``: the fail-fast receives posted on this rank (none: goodbyes are probed for);
-- ``goodbye_sends``: the goodbyes this rank will send at exit; ``goodbye_bytes``: the largest one, pickled;
+- ``goodbye_sends``: the goodbyes of its own this rank will send at exit (over the tree, from
+  ``HPCCOMM_GOODBYE_TREE_FROM`` ranks: its record to each tree neighbour and its counts to each partner; the
+  batches of news it passes on are counted by benchmarks/scale_soak.py); ``goodbye_bytes``: the largest one, pickled;
 - ``departed_us``: this thread's CPU time for one fail-fast check (``failure.abandoned`` for an all-reduce on the
   group of every rank, as a waiting operation makes it every few polls), the median of 5 batches of 200;
 - ``probe_us``: the same for one raw ``MPI_Iprobe`` from any source (mpi4py), the MPI progress any check pays;
@@ -34,6 +36,7 @@ import time
 
 import hpccomm
 import hpccomm.failure as failure
+import hpccomm.goodbye_tree as goodbye_tree
 import hpccomm.ledger as ledger
 import hpccomm.store as store
 import torch
@@ -89,8 +92,14 @@ t3 = time.perf_counter()
 group_ops = asked[0] - init_ops
 receives = 0  # nothing is posted for goodbyes: each check probes for one from any rank
 peers = failure._peers() if failure._control is not None else []
+largest = 0
 sends = len(peers)
-largest = max((len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers), default=0)
+if failure._news is not None:  # over the tree: its record to each neighbour, its counts to each partner
+    partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
+    peers = peers if partners is None else [peer for peer in peers if peer in partners]
+    largest = len(pickle.dumps((b"\x01", ledger.collective_counts(), partners)))
+    sends = len(peers) + len(failure._news.neighbours)
+largest = max([largest] + [len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers])
 book = ledger._ledgers[-1] if ledger._ledgers else None  # the group just made, of every rank (none with Gloo)
 
 

@@ -5,23 +5,31 @@ checked; the default group destroyed and made again; then uneven exits: the job'
 gather to the last rank and a broadcast from rank 0, which some ranks (chosen by SEED) join up to 1.5 s late
 while the others leave as soon as they have done their part. A rank that left after its part is no failure:
 every rank must end with ``SOAK_OK``; a ``PeerExitedError`` here is a false verdict. Each rank also prints the
-goodbyes it will send and their largest size (``SOAK_OK rank=R sends=S bytes=B``).
+largest goodbye of its own, pickled (``SOAK_OK rank=R bytes=B``: to each rank, or over the tree its record and
+its point-to-point counts to each partner), and after its exit steps the messages it sent and received for
+departures (``SOAK_EXIT rank=R sent=S received=M``).
 """
 
 from __future__ import annotations
 
+import atexit
 import pickle
 import random
 import sys
 import time
 
 import hpccomm.failure as failure
+import hpccomm.goodbye_tree as goodbye_tree
 import hpccomm.ledger as ledger
 import torch
 import torch.distributed as dist
 from hpccomm.world import nodes as nodes_of_world
 
 seed = int(sys.argv[1]) if len(sys.argv) > 1 else 0
+rank = -1
+# Registered before hpccomm arms fail-fast: runs after its exit steps (last in, first out).
+atexit.register(lambda: print(f"SOAK_EXIT rank={rank} sent={failure.counts['sent']} "
+                              f"received={failure.counts['received']}", flush=True))
 
 
 def check(what: str, got: torch.Tensor, want: torch.Tensor) -> None:
@@ -94,5 +102,12 @@ t = torch.full((1,), 7.0 if rank == 0 else 0.0)
 dist.broadcast(t, src=0)
 check("last broadcast", t, torch.full((1,), 7.0))
 peers = failure._peers()
-largest = max((len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers), default=0)
-print(f"SOAK_OK rank={rank} sends={len(peers)} bytes={largest}", flush=True)
+if failure._news is not None:  # over the tree: its record, and its counts to each partner
+    partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
+    peers = peers if partners is None else [peer for peer in peers if peer in partners]
+    record = (b"\x01", ledger.collective_counts(), partners)
+    largest = len(pickle.dumps(record))
+else:
+    largest = 0
+largest = max([largest] + [len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers])
+print(f"SOAK_OK rank={rank} bytes={largest}", flush=True)

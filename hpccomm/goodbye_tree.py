@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-#: Children a rank has in the tree: 4 keeps a path at 7 hops at 16,384 ranks with at most 5 neighbours a rank.
+#: Children a rank has in the tree: 4 keeps every rank within 7 hops of the root at 16,384 ranks (so any two
+#: within 14), with at most 5 neighbours a rank.
 FANOUT = 4
 
 #: A record's partners are listed up to this many ranks; a rank that exchanged messages with more sends its

@@ -227,27 +227,41 @@ def _exit_unless_aborted_within(seconds: int) -> None:
     signal.alarm(seconds)
 
 
-def _send_goodbyes(word: bytes) -> list[Any]:
-    """Post this rank's goodbye (once per process); the sends.
+def goodbye(word: bytes = _LEAVING) -> tuple[list[tuple[int, Any]], goodbye_tree.Record | None]:
+    """What this rank's goodbye says if it leaves now (measured by the scale benchmarks).
 
-    Without the tree, to every other rank, with what concerns each. Over the
-    tree, its point-to-point counts to each partner, then its record to its
-    tree neighbours, who pass it on.
+    Returns:
+        The direct messages, as (rank of the control communicator, message):
+        to every other rank, with what concerns each; over the tree, its
+        point-to-point counts to each partner only. And over the tree, the
+        record its tree neighbours get and pass on (None without the tree).
+    """
+    peers = _peers()
+    record = None
+    if _news is not None:
+        partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
+        record = (word, ledger.collective_counts(), partners)
+        if partners is not None:
+            peers = [peer for peer in peers if peer in partners]
+    return [(peer, (word, ledger.facts_for(peer))) for peer in peers], record
+
+
+def _send_goodbyes(word: bytes) -> list[Any]:
+    """Post this rank's goodbye (:func:`goodbye`) once per process; the direct sends.
+
+    Over the tree, the record goes to the tree neighbours after the direct
+    messages, so it never overtakes a partner's counts.
     """
     global _goodbyes_sent
     if _goodbyes_sent:
         return []
     _goodbyes_sent = True
-    if _news is None:
-        return [send for peer in _peers() if (send := _post(peer, (word, ledger.facts_for(peer)))) is not None]
-    partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
-    record: goodbye_tree.Record = (word, ledger.collective_counts(), partners)
-    world = set(_peers())
-    sends = [send for peer in (world if partners is None else world.intersection(partners))
-             if (send := _post(peer, (word, ledger.facts_for(peer)))) is not None]
-    with _inbox_lock:
-        _news.learn([(_me, record)], None)
-        _pass_on(now=True)
+    direct, record = goodbye(word)
+    sends = [send for peer, message in direct if (send := _post(peer, message)) is not None]
+    if record is not None:
+        with _inbox_lock:
+            _news.learn([(_me, record)], None)
+            _pass_on(now=True)
     return sends
 
 
@@ -286,17 +300,29 @@ def _dead() -> set[int]:
     return failed_ranks(_control) if settings.ft else set()
 
 
+def _relay_turn(dead: set[int], now: bool) -> set[int]:
+    """Take in departure news and pass it on, round the neighbours that died; the dead ranks known.
+
+    Args:
+        dead: the dead ranks the tree's neighbours were last chosen around.
+        now: pass the news on even if this rank passed some on less than
+            :data:`_RELAY_S` ago.
+    """
+    _collect_goodbyes()
+    with _inbox_lock:
+        if settings.ft and (known := _dead()) != dead:
+            dead = known  # a neighbour died: the news goes round it
+            _news.reshape(_me, mpi_world_ranks(range(identity().world_size)), dead)
+        _pass_on(now)
+    return dead
+
+
 def _relay_news() -> None:
     """The relay thread: take in and pass on departure news, for a rank that may be busy outside hpccomm."""
     dead: set[int] = set()
     while not _relay_stop.wait(_RELAY_S):
         try:
-            _collect_goodbyes()
-            with _inbox_lock:
-                if settings.ft and (now := _dead()) != dead:
-                    dead = now  # a neighbour died: the news goes round it
-                    _news.reshape(_me, mpi_world_ranks(range(identity().world_size)), dead)
-                _pass_on(now=True)
+            dead = _relay_turn(dead, now=True)
         except Exception as exc:  # the thread goes on: a later turn may pass the news on
             print(f"hpccomm: rank {_rank}: passing departures on: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -351,21 +377,23 @@ def _await(sends: list[Any]) -> None:
 
 
 def _linger() -> None:
-    """Over the tree, at exit: pass news on until every other rank has left (or died), then stop the relay.
+    """Over the tree, at exit: pass news on until every other rank has left (or died).
 
     Ranks still at work may need news that passes through this one; MPI's
-    finalize would wait for every rank as long anyway.
+    finalize would wait for every rank as long anyway. This thread takes the
+    relay thread's place, looking four times as often, so that the exit ends
+    soon after the last record is in.
     """
-    while True:
-        _collect_goodbyes()
-        with _inbox_lock:
-            _pass_on()
-            if _news.everyone_left(_dead()):
-                break
-        time.sleep(_RELAY_S / 4)
     _relay_stop.set()
     if _relay is not None:
         _relay.join()
+    dead: set[int] = set()
+    while True:
+        dead = _relay_turn(dead, now=False)
+        with _inbox_lock:
+            if _news.everyone_left(dead):
+                break
+        time.sleep(_RELAY_S / 4)
     with _inbox_lock:
         _pass_on(now=True)
 
@@ -471,9 +499,7 @@ def _take_news(batch: tuple[tuple[int, goodbye_tree.Record], ...], source: int) 
     its partner; a partner's come with the departed rank's own goodbye.
     """
     failing = []
-    for peer, record in _news.learn(batch, source):
-        if peer == _me:
-            continue
+    for peer, record in _news.learn(batch, source):  # never this rank's own: it learns that before sending it
         if not goodbye_tree.is_partner(record, _me):
             _said[peer] = goodbye_tree.facts_from(record)
         if record[0] == _FAILING:

@@ -36,7 +36,6 @@ import time
 
 import hpccomm
 import hpccomm.failure as failure
-import hpccomm.goodbye_tree as goodbye_tree
 import hpccomm.ledger as ledger
 import hpccomm.store as store
 import torch
@@ -91,15 +90,10 @@ dist.barrier(group=group)
 t3 = time.perf_counter()
 group_ops = asked[0] - init_ops
 receives = 0  # nothing is posted for goodbyes: each check probes for one from any rank
-peers = failure._peers() if failure._control is not None else []
-largest = 0
-sends = len(peers)
-if failure._news is not None:  # over the tree: its record to each neighbour, its counts to each partner
-    partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
-    peers = peers if partners is None else [peer for peer in peers if peer in partners]
-    largest = len(pickle.dumps((b"\x01", ledger.collective_counts(), partners)))
-    sends = len(peers) + len(failure._news.neighbours)
-largest = max([largest] + [len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers])
+direct, record = failure.goodbye() if failure._control is not None else ([], None)
+# over the tree: its record to each neighbour, its counts to each partner
+sends = len(direct) + (len(failure._news.neighbours) if record is not None else 0)
+largest = max([0] + [len(pickle.dumps(message)) for message in [record, *(message for _, message in direct)] if message])
 book = ledger._ledgers[-1] if ledger._ledgers else None  # the group just made, of every rank (none with Gloo)
 
 

@@ -19,8 +19,6 @@ import sys
 import time
 
 import hpccomm.failure as failure
-import hpccomm.goodbye_tree as goodbye_tree
-import hpccomm.ledger as ledger
 import torch
 import torch.distributed as dist
 from hpccomm.world import nodes as nodes_of_world
@@ -101,13 +99,6 @@ if rank == size - 1:
 t = torch.full((1,), 7.0 if rank == 0 else 0.0)
 dist.broadcast(t, src=0)
 check("last broadcast", t, torch.full((1,), 7.0))
-peers = failure._peers()
-if failure._news is not None:  # over the tree: its record, and its counts to each partner
-    partners = ledger.partners(goodbye_tree.MOST_PARTNERS)
-    peers = peers if partners is None else [peer for peer in peers if peer in partners]
-    record = (b"\x01", ledger.collective_counts(), partners)
-    largest = len(pickle.dumps(record))
-else:
-    largest = 0
-largest = max([largest] + [len(pickle.dumps((b"\x01", ledger.facts_for(peer)))) for peer in peers])
+direct, record = failure.goodbye()  # over the tree: its record, and its counts to each partner
+largest = max(len(pickle.dumps(message)) for message in [record, *(message for _, message in direct)] if message)
 print(f"SOAK_OK rank={rank} bytes={largest}", flush=True)

@@ -233,3 +233,21 @@ def test_the_example_recovers_from_a_death_in_the_middle_of_a_backward_pass(spar
         assert result["replaced"] == 1, result
         # The replacement took the dead rank's number: four ranks, each once, recovered at full size.
         assert sorted(re.findall(r"RECOVERED rank=(\d+)/4", run.output)) == ["0", "1", "2", "3"], run.output[-6000:]
+
+
+def test_the_bench_times_the_ranks_alone_while_a_spare_waits(tmp_path):
+    # hpccomm-bench's raw-MPI contender and its own coordination once used MPI_COMM_WORLD, which holds the spares:
+    # under --spares the raw all_reduce waited for a spare that never calls it, and the job hung.
+    result = tmp_path / "r.json"
+    run = run_ranks(2, "bench.py", "all_reduce", "-b", "4", "-e", "1K", "-f", "256", "-n", "4", "-w", "1",
+                    "--no-progress", "--compare", "mpi4py", "--json", str(result),
+                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", "1"], limit_s=120, stacks_on_timeout=True)
+    if refused(run):
+        return
+    assert not run.timed_out and run.returncode == 0, run.output[-6000:]
+    record = json.loads(result.read_text())
+    assert record["environment"]["world_size"] == 2, record["environment"]
+    rows = record["rows"]
+    assert {(row["contender"], row["bytes"]) for row in rows} == {(who, size) for who in ("hpccomm", "mpi4py")
+                                                                 for size in (4, 1024)}, rows
+    assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows

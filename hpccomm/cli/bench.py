@@ -345,13 +345,13 @@ def run_sweep(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     MPI = world.mpi()
     dist.init_process_group("hpccomm")
-    control = MPI.COMM_WORLD.Dup()
+    control = world.members().Dup()
     contenders: list[Contender] = [TorchContender(HPCCOMM, None)]
     for name in args.compare:
         if name == GLOO:
             contenders.append(TorchContender(GLOO, dist.new_group(backend="gloo")))
         elif name == MPI4PY:
-            contenders.append(MPIContender(MPI.COMM_WORLD.Dup(), MPI))
+            contenders.append(MPIContender(world.members().Dup(), MPI))
     rank = control.Get_rank()
     environment = describe(layout(control))
     console = Console(rank == 0, not args.no_progress, len(args.collectives) * len(args.sizes))

@@ -4,8 +4,9 @@ Each contender turns a :class:`~hpccomm.cli.collectives.Case` into a call
 with every argument bound, so that the timed loop pays for the collective and
 nothing else. hpccomm and Gloo make the same ``torch.distributed`` calls on
 their own process groups; mpi4py makes the equivalent blocking MPI call on
-its own duplicate of ``MPI_COMM_WORLD`` over the same tensors' memory, as a
-program using MPI directly would.
+its own duplicate of the world's communicator (:func:`hpccomm.world.members`:
+``MPI_COMM_WORLD`` less the spares of fault-tolerant mode) over the same
+tensors' memory, as a program using MPI directly would.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class MPIContender(Contender):
     """Raw mpi4py on the same memory, with the blocking call a C program would make.
 
     Args:
-        comm: its communicator (a duplicate of ``MPI_COMM_WORLD``).
+        comm: its communicator (a duplicate of :func:`hpccomm.world.members`).
         MPI: the mpi4py ``MPI`` module.
     """
 

@@ -198,7 +198,7 @@ def main(args: argparse.Namespace) -> int:
 
     MPI = world.mpi()
     dist.init_process_group("hpccomm")
-    comm = MPI.COMM_WORLD.Dup()
+    comm = world.members().Dup()
     rank, size = comm.Get_rank(), comm.Get_size()
     gloo = dist.new_group(backend="gloo")
     contenders = [Contender(COMPUTE, args, None), Contender("hpccomm", args, dist.group.WORLD), Contender("gloo", args, gloo)]

@@ -8,7 +8,8 @@ Each round runs tests/ranks/ft_training.py once per scenario, under
 of 30 steps whose victims SIGKILL themselves at step 5, at one moment
 (``before`` an all_reduce, ``between`` two, in the ``mid``dle of one, in DDP's
 ``backward``, while the survivors agree on a first death (``agreement``),
-while they build the shrunk group (``shrink``)), or SIGSTOP themselves
+while they build the shrunk group (``shrink``), as they learn the new world,
+its first step (``join``)), or SIGSTOP themselves
 (``stop``, with ULFM's heartbeat detector turned on for that run: it must
 find them; not in the default list, see docs/fault-tolerance.md); on one path (the node's
 shared-memory engine ``shm``, ``flat`` MPI, ``hier``archical over two fake
@@ -61,16 +62,18 @@ PATHS = {"shm": {"HPCCOMM_SHM_MIN_BYTES": "1"}, "flat": {"HPCCOMM_ALGO": "flat"}
 #: (moment, ranks, victims): one victim at 3 and 4 ranks, two at 4.
 CASES = [
     *[(moment, n, "1" if n == 3 else "2") for moment in ("before", "between", "mid", "backward") for n in (3, 4)],
-    ("before", 4, "1,2"), ("mid", 4, "1,2"), ("agreement", 4, "1,2"), ("shrink", 4, "1,2"), ("stop", 4, "2"),
+    ("before", 4, "1,2"), ("mid", 4, "1,2"), ("agreement", 4, "1,2"), ("shrink", 4, "1,2"), ("join", 4, "1,2"),
+    ("stop", 4, "2"),
 ]
 #: (moment, ranks, victims, spares) with spares: one death and one spare at 3 and 4 ranks, two deaths and two spares
 #: (at the same step, during the agreement, as the survivors start the repair, while they and the replacement build
-#: the repaired group: ``shrink``), two deaths and one spare (too few:
+#: the repaired group: ``shrink``, as they learn the new world, which a replacement does as it joins: ``join``), two
+#: deaths and one spare (too few:
 #: a shrink), one death and two spares (one left waiting until the end).
 REPAIR_CASES = [
     *[(moment, n, "1" if n == 3 else "2", 1) for moment in ("before", "between", "mid", "backward") for n in (3, 4)],
     ("before", 4, "1,2", 2), ("mid", 4, "1,2", 2), ("agreement", 4, "1,2", 2), ("repair", 4, "1,2", 2),
-    ("shrink", 4, "1,2", 2),
+    ("shrink", 4, "1,2", 2), ("join", 4, "1,2", 2),
     ("before", 4, "1,2", 1), ("between", 4, "2", 2),
 ]
 #: A stopped rank is found by ULFM's heartbeat detector: its timeout, then the usual bound.
@@ -149,7 +152,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--modes", default="shrink,repair", help="without spares (shrink) and/or with (repair)")
-    parser.add_argument("--moments", default="before,between,mid,backward,agreement,shrink,repair")
+    parser.add_argument("--moments", default="before,between,mid,backward,agreement,shrink,join,repair")
     parser.add_argument("--paths", default="shm,flat,hier")
     parser.add_argument("--load", default="off,on", help="without (off) and/or with (on) a CPU-bound process")
     parser.add_argument("--dumps", default="ft-stress-dumps", help="where the output of bad runs goes")

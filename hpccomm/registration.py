@@ -193,12 +193,8 @@ def _build_world_checked(timeout: timedelta) -> Front:
         world.members(), lambda comm: _build_world(comm.Dup(), timeout),
         lambda comm: _build_shrunk_world(comm, timeout),
     )
-    if group is None:
-        # No place is left for this process: the survivors shrink the group without it. It leaves as a spare
-        # that was never needed does, not as a failure (which would end the job).
-        print("hpccomm: a rank died while this replacement joined and too few spares are left; the survivors "
-              "shrink the group without this process, which leaves", file=sys.stderr, flush=True)
-        os._exit(0)
+    if group is None:  # no place is left for this process: the survivors shrink the group without it
+        spares.leave_unneeded()
     return group
 
 

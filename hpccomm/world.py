@@ -120,13 +120,17 @@ def on_identity(step: Callable[[Identity], None]) -> None:
         _on_identity.append(step)
 
 
-def set_membership(choose: Callable[[Any], Any]) -> None:
+def set_membership(choose: Callable[[Any, Callable[[Any], None]], None]) -> None:
     """Let ``choose`` say which processes of ``MPI_COMM_WORLD`` are the world, as MPI starts.
 
-    ``choose(MPI_COMM_WORLD)`` is called on every process, collectively, and
-    returns the communicator whose ranks are the world: fault-tolerant mode's
-    spares (:mod:`hpccomm.fault_tolerance.spares`) are processes of the job but
-    not ranks, and a spare's call returns only once it has taken a rank's place.
+    ``choose(MPI_COMM_WORLD, settle)`` is called on every process,
+    collectively, and calls ``settle(comm)`` on the communicator whose ranks
+    are the world: ``settle`` learns this process's identity and the node
+    table over ``comm`` (collective over ``comm``; MPI's error where a process
+    of it died meanwhile, which ``choose`` may meet by settling on another).
+    Fault-tolerant mode's spares (:mod:`hpccomm.fault_tolerance.spares`) are
+    processes of the job but not ranks: a spare's call returns only once it
+    has taken a rank's place and settled.
     """
     global _membership
     _membership = choose
@@ -134,7 +138,7 @@ def set_membership(choose: Callable[[Any], Any]) -> None:
 
 _before_start: list[Callable[[], None]] = []
 _on_identity: list[Callable[[Identity], None]] = []
-_membership: Callable[[Any], Any] | None = None
+_membership: Callable[[Any, Callable[[Any], None]], None] | None = None
 #: The communicator whose ranks are the world's (MPI_COMM_WORLD, unless spares or a shrink say otherwise).
 _members: Any = None
 
@@ -221,7 +225,7 @@ def identity() -> Identity:
             try:
                 _control = mpi().COMM_WORLD.Dup()
                 if _membership is not None:
-                    _rebased(_membership(mpi().COMM_WORLD))
+                    _membership(mpi().COMM_WORLD, _rebased)
                 else:
                     _identity = _discover()
             except mpi().Exception:

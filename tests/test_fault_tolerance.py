@@ -108,6 +108,9 @@ def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
         # build; the survivors and the first replacement go back to the spares, and the second takes rank 2.
         # On the node's shared memory: the build that failed must not leave its segment's file.
         ("shrink", 4, "1,2", {}, 2),
+        # Rank 2 dies as the repaired world is learnt, the replacement's first step as it joins: the replacement
+        # must go back to the spares with the survivors (it once raised an MPI error, which ended the job).
+        ("join", 4, "1,2", {}, 2),
     ],
 )
 def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, victims, env, spares):

@@ -68,8 +68,11 @@ def is_replacement() -> bool:
     return _replacement
 
 
-def _membership(everyone: Any) -> Any:
-    """The world's communicator, for a rank; for a spare, once it has taken a rank's place. Collective."""
+def _membership(everyone: Any, settle: Callable[[Any], None]) -> None:
+    """Settle on the world's communicator: at once for a rank; for a spare, once it has taken a rank's place.
+
+    Collective over ``everyone``; ``settle`` is :func:`hpccomm.world.set_membership`'s.
+    """
     global _pool
     MPI = world.mpi()
     spares = settings.ft_spares
@@ -85,12 +88,13 @@ def _membership(everyone: Any) -> Any:
     active = everyone.Split(0 if me < ranks else MPI.UNDEFINED, me)
     atexit.register(_release_spares)  # a spare may be world rank 0 by the end (it replaced rank 0)
     if me < ranks:
-        return active
-    return _wait()
+        settle(active)
+        return
+    _wait(settle)
 
 
-def _wait() -> Any:
-    """A spare's life until it replaces a rank (returns the new world) or the job ends (exits)."""
+def _wait(settle: Callable[[Any], None]) -> None:
+    """A spare's life until it replaces a rank (it has then joined the new world) or the job ends (exits)."""
     global _replacement, _failure_seen
     MPI = world.mpi()
     while True:
@@ -113,7 +117,43 @@ def _wait() -> Any:
         if comm is not None:
             _replacement = True
             world.skip_finalize()  # a rank of this job died: MPI_Finalize would wait for it
-            return comm
+            _join(comm, settle)
+            return
+
+
+def _join(comm: Any, settle: Callable[[Any], None]) -> None:
+    """A replacement learns its world on ``comm``: the first step of the survivors' build of the repaired group.
+
+    A rank that dies meanwhile fails ``settle`` here or the survivors' build
+    there: then, as the survivors' :func:`build_checked` does, this process
+    says so in the check, and all regroup with the spares left and try again
+    on the next new world (or, too few spares left, this process leaves).
+    """
+    MPI = world.mpi()
+    rank = comm.Get_rank()  # the number of the dead rank it replaces
+    while True:
+        try:
+            settle(comm)
+            return
+        except MPI.Exception:  # a process of comm died: the others' build fails, or their check says it did
+            pass
+        alive, _everyone = check_built(comm, False)
+        alive.Free()
+        comm = _regroup(member=False, rank=rank)
+        if comm is None:
+            leave_unneeded()
+        rank = comm.Get_rank()
+
+
+def leave_unneeded() -> None:
+    """A replacement that lost its place to a death while it joined, with too few spares left: leave as a spare.
+
+    The survivors shrink the group without it. It exits with status 0, as a
+    spare that was never needed does, not as a failure (which would end the job).
+    """
+    print("hpccomm: a rank died while this replacement joined and too few spares are left; the survivors "
+          "shrink the group without this process, which leaves", file=sys.stderr, flush=True)
+    os._exit(0)
 
 
 def _leave() -> None:
@@ -126,7 +166,7 @@ def _leave() -> None:
     os._exit(0)
 
 
-def _regroup(member: bool) -> Any:
+def _regroup(member: bool, rank: int | None = None) -> Any:
     """Revoke and shrink the pool, give spares the dead ranks' places, and split off the new world. Collective.
 
     The dead are read off the shrunk pool itself (the world ranks whose
@@ -137,6 +177,13 @@ def _regroup(member: bool) -> Any:
 
     Args:
         member: whether this process is a rank of the world (a survivor); else a spare.
+        rank: for a replacement still joining (not a member yet: its
+            identity is not settled), the place it had.
+
+    Each keeps its place (a member its rank) unless the pool's rank 0 gives it
+    another: where a death failed the survivors' and the replacements' first
+    step on the new world (learning it), rank 0 still sees the replacements
+    as spares, and may give them other dead ranks' places.
 
     Returns:
         the new world's communicator (ranks in world order); None for a spare
@@ -157,8 +204,10 @@ def _regroup(member: bool) -> Any:
         try:
             places = _places(pool) if member and pool.Get_rank() == 0 else None
             places = pool.bcast(places, root=0)
-            rank = (world.identity().rank if places else None) if member else places.get(pool.Get_rank())
-            comm = pool.Split(MPI.UNDEFINED if rank is None else 0, 0 if rank is None else rank)
+            # Rank 0's word on the places goes: a replacement whose joining failed there is a spare to it.
+            mine = world.identity().rank if member else rank
+            place = places.get(pool.Get_rank(), mine) if places else None
+            comm = pool.Split(MPI.UNDEFINED if place is None else 0, 0 if place is None else place)
             if pool.Agree(1) == 1:
                 return None if comm == MPI.COMM_NULL else comm
         except MPI.Exception:

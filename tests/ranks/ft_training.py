@@ -19,6 +19,10 @@ step K the victims (comma-separated ranks) SIGKILL themselves:
         transports, before its failure state, before the group is returned
         (with spares: of building the repaired group, which the survivors and
         the replacement then build again, with another spare);
+    join: as shrink, but the second dies as the new world's nodes are learnt
+        (hpccomm.world's discovery, the first step of building the new
+        group; with spares, what a replacement does as it joins, before its
+        ``init_process_group`` builds the group);
     repair (with spares): the first victim before its all_reduce; the second
         takes part in the failure and dies as it enters ``hpccomm.repair``,
         while the survivors and the spares regroup;
@@ -71,8 +75,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 parser = argparse.ArgumentParser()
-parser.add_argument("when", choices=["before", "between", "mid", "backward", "agreement", "shrink", "repair", "stop",
-                                     "uneven"])
+parser.add_argument("when", choices=["before", "between", "mid", "backward", "agreement", "shrink", "join", "repair",
+                                     "stop", "uneven"])
 parser.add_argument("victims")
 parser.add_argument("--steps", type=int, default=30)
 parser.add_argument("--kill-step", type=int, default=5)
@@ -127,18 +131,24 @@ def kill_in_backward(model: torch.nn.Module) -> None:
     model[0].weight.register_hook(hook)  # the first layer's gradient comes last in backward
 
 
-def die_inside_shrink() -> None:
-    """Make this rank die at one of three points of hpccomm's building of the shrunk group."""
+def die_inside_shrink(point: int) -> None:
+    """Make this rank die at one of four points of hpccomm's building of the shrunk (or repaired) group.
+
+    0-2: before its transports, before its failure state, before it is
+    returned; 3: as the new world's nodes are learnt, its first step.
+    """
     import hpccomm.fault_tolerance as fault_tolerance
     import hpccomm.registration as registration
+    import hpccomm.world as world
 
     def dying(original):
         def wrapper(*args, **kwargs):
             die()
         return wrapper
 
-    point = jitter.randrange(3)
-    if point == 0:
+    if point == 3:
+        world._discover = dying(world._discover)
+    elif point == 0:
         registration._transports_for = dying(registration._transports_for)
     elif point == 1:
         fault_tolerance.protect = dying(fault_tolerance.protect)
@@ -242,7 +252,7 @@ while step < args.steps:
                 if args.when == "mid":
                     dist.all_reduce(grad, async_op=True)
                     die()
-                if args.when == "before" or (args.when in ("agreement", "shrink", "repair") and RANK == VICTIMS[0]):
+                if args.when == "before" or (args.when in ("agreement", "shrink", "join", "repair") and RANK == VICTIMS[0]):
                     die()
                 if args.when == "stop":
                     die(signal.SIGSTOP)
@@ -263,7 +273,9 @@ while step < args.steps:
               flush=True)
         progress.died = True
         if killing and args.when == "shrink":
-            die_inside_shrink()
+            die_inside_shrink(jitter.randrange(3))
+        if killing and args.when == "join":
+            die_inside_shrink(3)
         if killing and args.when == "repair" and RANK != VICTIMS[0]:
             die()
         shrink(failed)

@@ -152,11 +152,12 @@ class Setting:
     reason: str
 
 
-def library_defaults(library: MpiLibrary) -> list[Setting]:
+def library_defaults(library: MpiLibrary, ft: bool = False) -> list[Setting]:
     """The settings hpccomm applies to ``library`` before MPI starts, in every launch.
 
     Args:
         library: the MPI library that will start.
+        ft: hpccomm's fault-tolerant mode (``HPCCOMM_FT=1``, ``hpccomm-run --ft``).
     """
     settings = []
     if library.family == "openmpi" and library.version >= (4,):
@@ -165,6 +166,13 @@ def library_defaults(library: MpiLibrary) -> list[Setting]:
             "OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3",
             "Rabenseifner's nonblocking all-reduce: libnbc's default runs in-place reductions "
             "2-3x slower than the blocking one from 64 KiB up (16 MiB, 2 ranks: 2.6 vs 8.7 ms)",
+        ))
+    if ft and library.family == "openmpi" and library.version >= (5,):
+        settings.append(Setting(
+            "OMPI_MCA_coll", "^han",
+            "fault-tolerant mode: Open MPI 5.0.11's hierarchical collectives (coll/han) crash a communicator's "
+            "first collective across nodes where one of its processes has died (SIGSEGV in "
+            "mca_coll_han_comm_create, under MPI_Comm_split_type)",
         ))
     return settings
 
@@ -197,7 +205,7 @@ def single_node_defaults(library: MpiLibrary) -> list[Setting]:
 
 
 def apply_mpi_library_defaults(
-    env: MutableMapping[str, str] | None = None, library: MpiLibrary | None = None
+    env: MutableMapping[str, str] | None = None, library: MpiLibrary | None = None, ft: bool = False
 ) -> list[Setting]:
     """Set :func:`library_defaults` in ``env`` (default: os.environ) where unset.
 
@@ -208,12 +216,13 @@ def apply_mpi_library_defaults(
     Args:
         env: the environment to complete.
         library: the MPI library that will start (default: the one mpi4py loads).
+        ft: hpccomm's fault-tolerant mode.
 
     Returns:
         The settings that were set (those already present are left alone).
     """
     target = os.environ if env is None else env
-    return _set_missing(target, library_defaults(library or mpi_library()))
+    return _set_missing(target, library_defaults(library or mpi_library(), ft))
 
 
 def _set_missing(env: MutableMapping[str, str], settings: Sequence[Setting]) -> list[Setting]:
@@ -438,7 +447,7 @@ def build_launch(
     library = mpi_library()
     program, rewrite = resolve_interpreter(command)
     launch = Launch(command=[], reasons=[rewrite] if rewrite else [])
-    wanted = library_defaults(library)
+    wanted = library_defaults(library, ft)
     in_slurm = bool(env.get("SLURM_JOB_ID") and shutil.which("srun"))
     if ft:
         _check_fault_tolerance(library, in_slurm)

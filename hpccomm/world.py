@@ -177,7 +177,7 @@ def _start_mpi(mpi4py: Any) -> "_MPI":
 
     if automatic:
         mpi4py.rc.initialize = True
-        hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI))
+        hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI), ft=_fault_tolerant())
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
         if not mpi4py.rc.finalize:
             # Registered first, so it runs after every other exit step of hpccomm (atexit is last in, first out).

@@ -19,8 +19,6 @@ call, matching torch, which only calls the backend on members.
 
 from __future__ import annotations
 
-import os
-import sys
 import zlib
 from datetime import timedelta
 from collections.abc import Sequence

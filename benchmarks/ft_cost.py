@@ -75,13 +75,15 @@ def main() -> None:
     base = modes[0]
     print(f"all_reduce, {args.nprocs} ranks, median of {args.rounds} jobs per mode, modes in turn (hpccomm-bench: "
           "median over calls of the slowest rank)\n")
-    print("| size (B) | " + " | ".join(f"{mode} time (us)" for mode in modes) + " | "
+    print("| size (B) | " + " | ".join(f"{mode} time (us), median (jobs' range)" for mode in modes) + " | "
           + " | ".join(f"{mode} / {base}" for mode in modes[1:]) + " | "
           + " | ".join(f"{mode} busbw (GB/s)" for mode in modes) + " |")
     print("|---:" * (3 * len(modes)) + "|")
     for size in sorted(runs[base][0]):
         times = [median(mode, size, 0) for mode in modes]
-        print(f"| {size} | " + " | ".join(f"{time:.1f}" for time in times) + " | "
+        spans = [(min(run[size][0] for run in runs[mode]), max(run[size][0] for run in runs[mode])) for mode in modes]
+        print(f"| {size} | " + " | ".join(f"{time:.1f} ({low:.1f}-{high:.1f})" for time, (low, high) in zip(times, spans))
+              + " | "
               + " | ".join(f"{time / times[0]:.2f}" for time in times[1:]) + " | "
               + " | ".join(f"{median(mode, size, 1):.2f}" for mode in modes) + " |")
 

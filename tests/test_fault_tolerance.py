@@ -273,3 +273,22 @@ def test_the_bench_times_the_ranks_alone_while_a_spare_waits(tmp_path):
     assert {(row["contender"], row["bytes"]) for row in rows} == {(who, size) for who in ("hpccomm", "mpi4py")
                                                                  for size in (4, 1024)}, rows
     assert all(row["wrong"] == 0 and row["time_us"] > 0 for row in rows), rows
+
+
+def test_over_the_goodbye_tree_a_record_goes_round_a_neighbour_that_died_before_passing_it_on():
+    # Goodbyes over the tree at 6 ranks (HPCCOMM_GOODBYE_TREE_FROM=2): rank 5's only tree neighbour, rank 1, dies as
+    # it takes rank 5's record in. Rank 5 lingers at exit until every rank has left or died; seeing rank 1 dead, it
+    # sends its record to rank 1's other neighbour (rank 0), and the ranks waiting for rank 5 learn that it left.
+    run = run_ranks(6, "failures.py", "relay-dead", env={"HPCCOMM_GOODBYE_TREE_FROM": "2"},
+                    launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120, stacks_on_timeout=True)
+    if refused(run):
+        return
+    assert not run.timed_out, run.output[-6000:]
+    trees = {int(line.split("rank=")[1].split()[0]): line.split("neighbours=")[1] for line in run.lines("TREE")}
+    assert trees[5] == "[1]" and trees[1] == "[0, 5]", trees
+    assert len(run.lines("DIED")) == 1, run.output[-4000:]
+    gone = {int(line.split("rank=")[1].split()[0]): line for line in run.lines("GONE")}
+    assert sorted(gone) == [0, 2, 3, 4], run.output[-4000:]
+    for line in gone.values():
+        assert "rank(s) 5 left the job without taking part" in line, line
+    assert sorted(int(line.split("rank=")[1].split()[0]) for line in run.lines("EXITED")) == [0, 2, 3, 4, 5]

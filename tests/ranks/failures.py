@@ -32,6 +32,12 @@ all_reduce that needs it:
           never sent (not its partner: the record alone tells), rank 3 for a
           second one (its partner: its own goodbye tells), rank 4 in an
           all_reduce on a group of ranks 4 and 5; each fails, naming rank 5.
+    relay-dead: 6 ranks, fault-tolerant mode, goodbyes over the tree: rank 5
+          leaves without joining an all_reduce of ranks 0 and 2-5 that the
+          others wait in; rank 1, its only tree neighbour, dies (SIGKILL) as
+          it takes rank 5's record in, before passing it on. Rank 5, lingering,
+          must send its record round the dead rank (to rank 0), and each
+          waiting rank fail, naming rank 5.
     p2p: rank 0 (which also serves the job's store) sends rank 1 one
           message and leaves; rank 1 then receives twice: the first completes
           with rank 0's data, the second fails at once naming rank 0, which
@@ -56,6 +62,17 @@ from rankcheck import say  # noqa: E402
 
 dist.init_process_group("hpccomm", timeout=timedelta(seconds=timeout_s))
 rank, size = dist.get_rank(), dist.get_world_size()
+if mode == "relay-dead" and rank == 1:  # before the all_reduce below, which rank 5 cannot leave before
+    from hpccomm import failure
+
+    take_news = failure._take_news
+
+    def dying(batch, source):
+        if any(peer == 5 for peer, _record in batch):  # rank 5's record, not yet passed on
+            say(f"DIED rank={rank} t={time.time():.3f}")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return take_news(batch, source)
+    failure._take_news = dying
 t = torch.ones(4)
 dist.all_reduce(t)  # everyone is up
 say(f"READY rank={rank} t={time.time():.3f}")
@@ -175,6 +192,24 @@ if mode == "relay":
             say(f"UNEXPECTED rank={rank}: completed without rank 5")
         except hpccomm.PeerExitedError as exc:
             say(f"GONE rank={rank} t={time.time():.3f} busy_s={busy_s} msg={exc}")
+    say(f"EXITED rank={rank}")
+    sys.exit(0)
+
+if mode == "relay-dead":
+    from hpccomm import failure
+
+    say(f"TREE rank={rank} neighbours={failure._news.neighbours if failure._news else None}")
+    group = dist.new_group([0, 2, 3, 4, 5])
+    if rank == 5:
+        say(f"LEFT rank={rank} t={time.time():.3f}")
+    elif rank == 1:
+        time.sleep(60)  # busy outside hpccomm: its relay thread takes the news in (and dies: above)
+    else:
+        try:
+            dist.all_reduce(torch.zeros(4), group=group)
+            say(f"UNEXPECTED rank={rank}: completed without rank 5")
+        except hpccomm.PeerExitedError as exc:
+            say(f"GONE rank={rank} t={time.time():.3f} msg={exc}")
     say(f"EXITED rank={rank}")
     sys.exit(0)
 

@@ -23,12 +23,15 @@ sent) and the tree's shape; it holds no MPI, so that its logic is tested
 without any. Where ranks died (fault-tolerant mode) the tree is walked through
 them: a rank's neighbours are the nearest live ranks along the tree, and a
 neighbour new to it is sent every record known, so that no news stops at a
-dead rank.
+dead rank. Fault-tolerant mode's survivors pass on where each stopped in the
+same book, over a tree of a group's ranks
+(:mod:`hpccomm.fault_tolerance.stop_points`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from typing import Generic, TypeVar
 
 #: Children a rank has in the tree: 4 keeps every rank within 7 hops of the root at 16,384 ranks (so any two
 #: within 14), with at most 5 neighbours a rank.
@@ -43,6 +46,10 @@ MOST_PARTNERS = 64
 #: and the ranks of ``MPI_COMM_WORLD`` it exchanged point-to-point messages with (None: more than MOST_PARTNERS,
 #: and every rank gets its counts).
 Record = tuple[bytes, dict[str, int], "tuple[int, ...] | None"]
+
+#: What the book carries about one rank: a departure's :data:`Record`, or (fault-tolerant mode's stops,
+#: :mod:`hpccomm.fault_tolerance.stop_points`) the number of the operation a survivor stopped at.
+News = TypeVar("News")
 
 
 def tree_neighbours(position: int, size: int, fanout: int = FANOUT) -> list[int]:
@@ -81,8 +88,10 @@ def is_partner(record: Record, rank: int) -> bool:
     return partners is None or rank in partners
 
 
-class NewsBook:
-    """The departures this rank knows of, and what it still has to pass on to each of its tree neighbours.
+class NewsBook(Generic[News]):
+    """The news this rank knows of, a piece per rank, and what it still has to pass on to each tree neighbour.
+
+    The news of departures (:data:`Record`), or of fault-tolerant mode's stops.
 
     Args:
         me: this rank, as a rank of ``MPI_COMM_WORLD`` (the numbering records travel in).
@@ -91,12 +100,13 @@ class NewsBook:
 
     Attributes:
         records: each departed rank's record, by ``MPI_COMM_WORLD`` rank (this rank's own once it leaves).
+            For stops, the ranks are those of the group, and so is ``world``.
     """
 
     def __init__(self, me: int, world: Sequence[int], fanout: int = FANOUT) -> None:
-        self.records: dict[int, Record] = {}
+        self.records: dict[int, News] = {}
         self._fanout = fanout
-        self._outbox: dict[int, list[tuple[int, Record]]] = {}
+        self._outbox: dict[int, list[tuple[int, News]]] = {}
         self._neighbours: list[int] = []
         self.reshape(me, world, set())
 
@@ -126,7 +136,7 @@ class NewsBook:
         """This rank's neighbours in the tree, as ranks of ``MPI_COMM_WORLD``."""
         return list(self._neighbours)
 
-    def learn(self, news: Iterable[tuple[int, Record]], source: int | None) -> list[tuple[int, Record]]:
+    def learn(self, news: Iterable[tuple[int, News]], source: int | None) -> list[tuple[int, News]]:
         """Take in records that came from ``source`` (None: this rank's own); the ones new to this rank.
 
         Each new record is owed to every neighbour but ``source``.
@@ -143,12 +153,16 @@ class NewsBook:
                     owed.extend(new)
         return new
 
-    def outbox(self) -> dict[int, tuple[tuple[int, Record], ...]]:
+    def outbox(self) -> dict[int, tuple[tuple[int, News], ...]]:
         """What each neighbour is owed, as one batch each; emptied."""
         batches = {neighbour: tuple(owed) for neighbour, owed in self._outbox.items() if owed}
         for neighbour in batches:
             self._outbox[neighbour] = []
         return batches
+
+    def owes(self) -> bool:
+        """Whether some neighbour is owed news."""
+        return any(self._outbox.values())
 
     def everyone_left(self, dead: Collection[int] = ()) -> bool:
         """Whether every other world rank has left (its record is here) or is ``dead``."""

@@ -106,10 +106,14 @@ def test_a_neighbour_new_after_a_death_is_owed_every_record():
     world = list(range(9))
     book = NewsBook(0, world)
     book.learn([(3, (b"\x01", {}, ())), (2, (b"\x01", {}, ()))], source=3)
+    assert book.owes()
     book.outbox()
+    assert not book.owes()
     assert book.reshape(0, world, dead={1}) == [5, 6, 7, 8]
+    assert book.owes()
     owed = book.outbox()
     assert sorted(owed) == [5, 6, 7, 8] and all(sorted(rank for rank, _ in batch) == [2, 3] for batch in owed.values())
+    assert not book.owes()
 
 
 def test_a_record_tells_non_partners_their_counts_and_partners_to_wait():

@@ -205,7 +205,9 @@ class Config:
             ranks, each passing the news on (:mod:`hpccomm.goodbye_tree`), not
             each rank itself; ``0`` never. A thread of each rank passes news
             on while the rank is busy outside hpccomm; it needs
-            ``MPI_THREAD_MULTIPLE``.
+            ``MPI_THREAD_MULTIPLE``. In fault-tolerant mode, from as many ranks
+            of a group, the survivors' stops travel a tree of the group's
+            ranks too (:mod:`hpccomm.fault_tolerance.stop_points`).
         store: ``HPCCOMM_STORE``: the job's store, where MASTER_ADDR and
             MASTER_PORT are not set (:mod:`hpccomm.rendezvous`): ``auto``
             (served over MPI by a thread of rank 0, :mod:`hpccomm.store`,

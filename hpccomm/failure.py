@@ -147,13 +147,23 @@ def install(rank: int, world_size: int) -> None:
         _me = _control.Get_rank()
         sys.excepthook = _aborting_hook(sys.excepthook)
         atexit.register(_say_goodbye)
-        if 0 < settings.goodbye_tree_from <= world_size and has_thread_multiple():
+        if over_tree(world_size):
             _news = goodbye_tree.NewsBook(_me, mpi_world_ranks(range(world_size)))
             _relay = threading.Thread(target=_relay_news, name="hpccomm-goodbyes", daemon=True)
             _relay.start()
     elif _news is not None:
         with _inbox_lock:
             _news.reshape(_me, mpi_world_ranks(range(world_size)), _dead())
+
+
+def over_tree(size: int) -> bool:
+    """Whether news among ``size`` ranks travels a tree (:mod:`hpccomm.goodbye_tree`), not from each to every rank.
+
+    From ``HPCCOMM_GOODBYE_TREE_FROM`` ranks, where MPI offers
+    ``MPI_THREAD_MULTIPLE`` for the thread that passes news on. Goodbyes, and
+    fault-tolerant mode's stops (:mod:`hpccomm.fault_tolerance.stop_points`).
+    """
+    return 0 < settings.goodbye_tree_from <= size and has_thread_multiple()
 
 
 def _peers() -> list[int]:

@@ -25,6 +25,7 @@ asserts what it should do.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,9 @@ def ulfm_here() -> bool:
     return mpi_library.family() == "openmpi" and int(mpi_library.release().split(".")[0]) >= 5
 
 
+#: Fault-tolerant stops (and goodbyes) over a tree from 2 ranks, not at hpccomm's default of 64.
+STOPS_OVER_TREE = {"HPCCOMM_GOODBYE_TREE_FROM": "2"}
+
 #: The node's shared-memory engine for every size (64 MiB all_reduces take it anyway).
 SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1"}
 
@@ -64,12 +68,24 @@ SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1"}
         (4, "mid-async", "2", {"HPCCOMM_ALGO": "flat"}, "flat"),
         (4, "during-agreement", "1,2", {}, "flat"),
         (3, "exit", "1", {}, "flat"),
+        # The stops over a tree of the group's ranks (hpccomm/fault_tolerance/stop_points.py): rank 1, rank 5's
+        # only neighbour, dies as the last stop reaches it, while rank 0 is in the shrink; rank 5 must get it
+        # from rank 0's relaying thread.
+        (6, "relay-dies", "1,2", {"HPCCOMM_ALGO": "flat", **STOPS_OVER_TREE}, "flat"),
     ],
 )
 def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims, env, path):
-    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
+    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120,
+                    stacks_on_timeout=True)
     if not refused(run):
         check_survivors(run, range(nprocs), victims, path)
+        # Each survivor's stops went over the tree where it was asked for, and each to every rank otherwise.
+        tree_from = int({**os.environ, **env}.get("HPCCOMM_GOODBYE_TREE_FROM", "64"))
+        over_tree = "1" if 0 < tree_from <= nprocs else "0"
+        trees = re.findall(r"STOPS rank=\d+ tree=(\d)", run.output)
+        assert trees == [over_tree] * (nprocs - len(victims.split(","))), run.output[-4000:]
+        if when == "relay-dies":
+            assert re.search(r"STOPS rank=0 .* relayed=[1-9]", run.output), run.output[-4000:]
 
 
 def test_a_dead_rank_0_is_a_clear_error_at_the_next_store_operation():
@@ -101,6 +117,8 @@ def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
         # Issue 32's hang: 7 of 26 runs under load had the survivors redo different steps.
         ("before", 4, "2", {}, 0),
         ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat"}, 0),
+        # The same over the tree of stops: the survivors learn the uneven stops from their neighbours.
+        ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat", **STOPS_OVER_TREE}, 0),
         # Every result larger than the copies' limit: the kept result is the tensor itself, unchanged since.
         ("uneven", 4, "1", {"HPCCOMM_ALGO": "flat", "HPCCOMM_FT_KEEP_BYTES": "0"}, 0),
         ("shrink", 4, "1,2", {"HPCCOMM_ALGO": "flat"}, 0),

@@ -192,7 +192,8 @@ class Recovery:
         # Blocking, without the group's timeout: Open MPI 5.0's nonblocking MPI_Comm_ishrink fails
         # (MPI_ERR_INTERN at its first test, seen with the 5.0.x wheel), so a survivor that never
         # meets the failure keeps the others here.
-        shrunk = self._comm.Shrink()
+        with self._stops.relaying():
+            shrunk = self._comm.Shrink()
         self._shrunk = shrunk
         MPI = mpi()
         kept = MPI.Group.Translate_ranks(shrunk.Get_group(), list(range(shrunk.Get_size())), self._comm.Get_group())

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ..failure import over_tree
 from ..profiling import path_of
 from ..transports import Transport, WrappingTransport
 from ..work import Pending
@@ -42,7 +43,7 @@ def protect(
     here, me = hostname(), os.getpid()
     everyone = comm.allgather((here, me, started_at(me)))
     node_ranks = {rank: (pid, started) for rank, (host, pid, started) in enumerate(everyone) if host == here and pid != me}
-    recovery = Recovery(own[0], revocable, node_ranks, describe, StopPoints(comm.Dup()))
+    recovery = Recovery(own[0], revocable, node_ranks, describe, StopPoints(comm.Dup(), over_tree(comm.Get_size())))
     wrapped = {id(t): FaultTolerantTransport(t, recovery) for t in distinct}
     return recovery, {device: wrapped[id(t)] for device, t in transports.items()}
 

@@ -11,6 +11,13 @@ with HPCCOMM_FT=1 and no ULFM, where init must refuse):
     during-agreement: the first victim dies between two all_reduces; the
         second never calls the all_reduce and dies while the others are
         agreeing on the failure: they must agree on both.
+    relay-dies: over the tree of stops (HPCCOMM_GOODBYE_TREE_FROM=2, 6
+        ranks, victims 1,2): rank 2 dies between two all_reduces; rank 1,
+        inside the tree (rank 5's only neighbour), takes part in the next one,
+        and so does rank 4, 1 s late: its stop is the last, and rank 0 has
+        every other and is in the shrink when it passes rank 4's on. Rank 1
+        dies as rank 4's stop reaches it, before passing it on: rank 5 must
+        get it from rank 0's relaying thread, walking round rank 1.
 <victims>: comma-separated ranks (e.g. "1" or "1,2").
 
 Each survivor checks: its next all_reduce raises hpccomm.PeerFailure naming
@@ -36,6 +43,20 @@ import torch.distributed as dist
 when, victims = sys.argv[1], [int(v) for v in sys.argv[2].split(",")]
 dist.init_process_group("hpccomm")
 RANK, SIZE = dist.get_rank(), dist.get_world_size()
+relay = when == "relay-dies" and RANK == victims[0]
+if relay:
+    from hpccomm.fault_tolerance.stop_points import StopPoints
+
+    take = StopPoints._take
+
+    def dies_as_a_stop_arrives(self, news, source):
+        news = list(news)
+        if source is not None and any(rank == 4 for rank, _ in news):
+            print(f"DIED rank={RANK} at={time.time():.6f}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        take(self, news, source)
+
+    StopPoints._take = dies_as_a_stop_arrives
 t = torch.ones(4)
 dist.all_reduce(t)
 assert t.tolist() == [SIZE] * 4, t
@@ -45,7 +66,7 @@ assert t.tolist() == [SIZE] * 4, t
 big = torch.ones(1 << 24)
 dist.barrier()
 
-if RANK in victims:
+if RANK in victims and not relay:
     # A rank may leave the barrier before the others have seen it complete: let them.
     time.sleep(0.1)
     if when == "mid-async":
@@ -55,7 +76,8 @@ if RANK in victims:
     print(f"DIED rank={RANK} at={time.time():.6f}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
-transport = dist.group.WORLD._get_backend(torch.device("cpu"))._transports["cpu"].inner
+protected = dist.group.WORLD._get_backend(torch.device("cpu"))._transports["cpu"]
+transport = protected.inner
 taken_before = sum(getattr(transport, "taken", {}).values())
 start = time.monotonic()
 try:
@@ -63,6 +85,8 @@ try:
         dist.all_reduce(big, async_op=True).wait()
     else:
         time.sleep(0.4)  # the victims die first
+        if when == "relay-dies" and RANK == 4:
+            time.sleep(1.0)  # the last to stop
         dist.all_reduce(torch.ones(4))
     print(f"UNEXPECTED rank={RANK}: the all_reduce completed without the dead ranks", flush=True)
     sys.exit(1)
@@ -73,6 +97,10 @@ except hpccomm.PeerFailure as failure:
     print(f"PATH rank={RANK} {transport.path if aware else 'flat'}", flush=True)
     assert failure.failed_ranks == victims, (failure.failed_ranks, victims)
     print(f"FAILED rank={RANK} took={took:.3f} at={at:.6f} failed={failure.failed_ranks}", flush=True)
+    stops = protected.recovery._stops
+    print(f"STOPS rank={RANK} tree={int(stops._book is not None)} sent={stops.sent} received={stops.received} "
+          f"relayed={stops.relayed}",
+          flush=True)
     failed = failure.failed_ranks
 if when == "exit":
     print(f"OK rank={RANK} exiting without a shrink", flush=True)

@@ -201,7 +201,7 @@ class StopPoints:
         return min(stops) if stops else None
 
     def announce(self, stop: int) -> None:
-        """Say that this rank's first operation not completed is number ``stop`` (once): to every peer, or over the tree."""
+        """Say (once) that this rank's first operation not completed is number ``stop``: to every peer, or the tree."""
         with self._lock:
             if self.rank in self.stops or self._comm is None:
                 return

@@ -1,6 +1,6 @@
 """What fault-tolerant mode's agreement costs in stops, told to every rank or over the tree (issue 41).
 
-    python benchmarks/stop_cost.py [--ranks 8,16,32] [--jobs 3] [--tree-from 0,2] [--victims 1]
+    python benchmarks/stop_cost.py [--ranks 8,16,32] [--jobs 3] [--tree-from 0,2] [--victims 1] [--limit-s 600]
 
 Runs tests/ranks/fault_tolerance.py ``between`` under ``hpccomm-run --ft``: the victims SIGKILL themselves between
 two all_reduces, and every survivor meets the failure, says where it stopped
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=3)
     parser.add_argument("--tree-from", default="0,2", help="HPCCOMM_GOODBYE_TREE_FROM values, one row each")
     parser.add_argument("--victims", default="1")
+    parser.add_argument("--limit-s", type=float, default=600.0, help="a job's wall-clock limit")
     args = parser.parse_args()
     print("| ranks | stops | jobs | not ok | most sent a survivor | most received | sent a job (median) "
           "| death to PeerFailure s, median / largest |")
@@ -42,7 +43,7 @@ def main() -> None:
             sent, received, totals, lags, bad = [], [], [], [], 0
             for _ in range(args.jobs):
                 run = run_ranks(n, "fault_tolerance.py", "between", args.victims, env=env,
-                                launcher=[*HPCCOMM_RUN, "--ft"], limit_s=600, stacks_on_timeout=True)
+                                launcher=[*HPCCOMM_RUN, "--ft"], limit_s=args.limit_s, stacks_on_timeout=True)
                 stops = re.findall(r"^STOPS rank=\d+ tree=\d sent=(\d+) received=(\d+) relayed=\d+$", run.output,
                                    re.MULTILINE)
                 died = [float(at) for at in re.findall(r"DIED rank=\d+ at=([\d.]+)", run.output)]

@@ -63,7 +63,7 @@ assert t.tolist() == [SIZE] * 4, t
 
 # Made before the barrier: beside a CPU-bound process on 2 cores, a victim once took 9-22 s from the barrier
 # to its post (a 0.1 s sleep and filling 64 MiB), and died that much later than the survivors' all_reduce.
-big = torch.ones(1 << 24)
+big = torch.ones(1 << 24) if when == "mid-async" else None  # 64 MiB a rank: 4 GiB at 64 ranks, only where used
 dist.barrier()
 
 if RANK in victims and not relay:

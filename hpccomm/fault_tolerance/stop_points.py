@@ -58,10 +58,15 @@ from ..goodbye_tree import NewsBook
 from ..world import failed_ranks, mpi
 
 _STOP_TAG = 11
-#: How often the thread of :meth:`StopPoints.relaying` looks for stops and deaths while the shrink blocks.
+# Neither clock below decides anything about a peer: a rank is dead when ULFM lists it among the failed, and
+# stopped when its stop arrived. They only pace the passing on of stops.
+#: How often the thread of :meth:`StopPoints.relaying` looks for stops and deaths while the shrink blocks: twice
+#: the agreement's own look (``agreement._STOPS_POLL_S``, 1 ms), as it runs beside a blocked MPI call.
 _RELAY_S = 0.002
 #: Over the tree, a rank passes stops on at most this often (its own at once, and all it has once it has every
-#: stop): its messages grow with how long the survivors take to stop, not with the group's size; a hop's delay.
+#: stop): its messages grow with how long the survivors take to stop, not with the group's size. Equal to the
+#: look of a waiting operation (``agreement._WATCH_S``, 10 ms), which bounds a hop's delay anyway, so pacing adds
+#: at most one look a hop.
 _PASS_EVERY_S = 0.01
 
 

@@ -8,7 +8,9 @@ than one rank:
 
 * an uncaught exception prints the traceback, then "hpccomm: rank R: ...
   aborting the job" and calls ``MPI_Abort``, so the launcher ends every rank
-  and exits non-zero (the pattern of ``python -m mpi4py``);
+  and exits non-zero (the pattern of ``python -m mpi4py``); in fault-tolerant
+  mode the rank exits with status 1 instead, which ``mpirun --with-ft ulfm``
+  answers the same way (its ``prterun`` deadlocked on ranks' aborts at once);
 * every rank that exits, for any reason (``sys.exit(3)`` included), first tells
   the others on hpccomm's control communicator (:func:`hpccomm.world.control`),
   and its goodbye says what it did: on each of its groups, how many
@@ -60,6 +62,7 @@ tree, where its relay thread answers.
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import sys
 import threading
@@ -221,6 +224,13 @@ def _aborting_hook(previous: Any) -> Any:
         sys.stdout.flush()
         _gather_records()
         time.sleep(_FLUSH_S)
+        if settings.ft:
+            # Under mpirun --with-ft ulfm (Open MPI 5.0.11), with every rank calling MPI_Abort at once,
+            # prterun deadlocked on a mutex of its main thread after the ranks were gone (5 jobs of 30 on
+            # one node), and across nodes exited 0 (10 of 10). It answers a rank's non-zero exit by ending
+            # the job: 60 of 60 such jobs ended at once with status 1 (docs/fault-tolerance.md).
+            sys.stderr.flush()
+            os._exit(1)
         _exit_unless_aborted_within(_ABORT_WAIT_S)
         mpi().COMM_WORLD.Abort(1)
 

@@ -5,6 +5,9 @@ all_reduce that needs it:
     raise: an uncaught exception.
     exit3: sys.exit(3).
     sigkill: os.kill(os.getpid(), SIGKILL).
+    raise-all: every rank raises an uncaught exception at once (run under
+          hpccomm-run --ft: two ranks' MPI_Abort at once deadlocked prterun);
+          each call of MPI_Abort says MPI_ABORT first.
     abort-hangs: an uncaught exception whose MPI_Abort never returns (made
           to sleep in C holding the GIL, as mpi4py's Abort holds it): hpccomm's
           backstop must still end the rank, and so the job.
@@ -93,6 +96,19 @@ if rank == 1 and mode == "abort-hangs":
 
     hpccomm.failure.mpi = lambda: type("_MPI", (), {"COMM_WORLD": _HangingWorld})
     raise ValueError("rank 1 fails on purpose; its MPI_Abort hangs")
+if mode == "raise-all":
+    import hpccomm.failure
+
+    world = hpccomm.failure.mpi().COMM_WORLD
+
+    class _SayingWorld:
+        @staticmethod
+        def Abort(code: int) -> None:
+            say(f"MPI_ABORT rank={rank}")
+            world.Abort(code)
+
+    hpccomm.failure.mpi = lambda: type("_MPI", (), {"COMM_WORLD": _SayingWorld})
+    raise ValueError(f"rank {rank} fails on purpose")
 if rank == 1 and mode == "sigkill":
     os.kill(os.getpid(), signal.SIGKILL)
 if mode == "sigkill-inside":

@@ -1,7 +1,7 @@
 """The scale soak (issue 41, item 4): many jobs of 8-64 ranks, uneven exits, 0 false failures and 0 hangs.
 
     python benchmarks/scale_soak.py [--ranks 8,16,32,48,64] [--layouts one,two] [--load off,on]
-                                    [--jobs 10] [--limit-s 600] [--dumps DIR] [--tree-from N]
+                                    [--jobs 10] [--limit-s 600] [--dumps DIR] [--tree-from N] [--yield-idle]
 
 Each job runs tests/ranks/scale_soak.py: every collective on the world, on half the ranks and on each node's
 ranks, each result checked; destroy and init again; then a gather and a broadcast that some ranks join up to
@@ -11,7 +11,9 @@ the job. A job counts as ok when every rank printed SOAK_OK and the launcher exi
 when a rank raised PeerExitedError (a departed rank was taken for a failed one); as a hang when it passed
 ``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. ``--tree-from``
 sets ``HPCCOMM_GOODBYE_TREE_FROM`` for the job (goodbyes over a tree from that many ranks; unset, hpccomm's
-default). The table: per size, layout and load, the jobs, each outcome, the median and slowest job's wall time,
+default). ``--yield-idle`` sets Open MPI's ``mpi_yield_when_idle`` for jobs on two fake nodes: ``mpirun`` takes
+each fake node's ranks as its slots, so their waits poll without yielding the CPU, where on one node it sees the
+ranks outnumber the cores and has them yield. The table: per size, layout and load, the jobs, each outcome, the median and slowest job's wall time,
 the most messages a rank sent and received for departures (goodbyes, and over the tree the batches of news it
 passed on), the messages all ranks of a job sent (median over jobs), and the largest goodbye of a rank's own in
 bytes; each job's verdict and time also go to stderr as
@@ -73,6 +75,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=600.0)
     parser.add_argument("--dumps", default=None, help="keep the output of every job that was not ok here")
     parser.add_argument("--tree-from", type=int, default=None, help="HPCCOMM_GOODBYE_TREE_FROM for the jobs")
+    parser.add_argument("--yield-idle", action="store_true", help="Open MPI's mpi_yield_when_idle on two fake nodes")
     args = parser.parse_args()
     env = {} if args.tree_from is None else {"HPCCOMM_GOODBYE_TREE_FROM": str(args.tree_from)}
     dumps = Path(args.dumps) if args.dumps else None
@@ -89,7 +92,9 @@ def main() -> None:
                 outcomes = []
                 try:
                     for seed in range(args.jobs):
-                        outcomes.append(one_job(n, layout, seed, args.limit_s, env))
+                        job_env = {**env, "OMPI_MCA_mpi_yield_when_idle": "1"} if args.yield_idle and layout == "two" \
+                            else env
+                        outcomes.append(one_job(n, layout, seed, args.limit_s, job_env))
                         # Each job as it ends, on stderr: a soak stopped midway keeps what it ran.
                         print(f"job ranks={n} layout={layout} load={'on' if load else 'off'} seed={seed} "
                               f"verdict={outcomes[-1][0]} wall_s={outcomes[-1][1]:.1f}", file=sys.stderr, flush=True)

@@ -12,13 +12,12 @@ when a rank raised PeerExitedError (a departed rank was taken for a failed one);
 ``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. ``--tree-from``
 sets ``HPCCOMM_GOODBYE_TREE_FROM`` for the job (goodbyes over a tree from that many ranks; unset, hpccomm's
 default). ``--yield-idle`` sets Open MPI's ``mpi_yield_when_idle`` for jobs on two fake nodes: ``mpirun`` takes
-each fake node's ranks as its slots, so their waits poll without yielding the CPU, where on one node it sees the
-ranks outnumber the cores and has them yield. The table: per size, layout and load, the jobs, each outcome, the median and slowest job's wall time,
-the most messages a rank sent and received for departures (goodbyes, and over the tree the batches of news it
-passed on), the messages all ranks of a job sent (median over jobs), and the largest goodbye of a rank's own in
-bytes; each job's verdict and time also go to stderr as
-it ends. Not a CI test: a
-64-rank job on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
+each fake node's ranks as its slots, so MPI's waits poll there without yielding the CPU; with it a 16-rank job on
+two fake nodes took 27 s, not 183 s. The table: per size, layout and load, the jobs, each outcome, the median and
+slowest job's wall time, the most messages a rank sent and received for departures (goodbyes, and over the tree
+the batches of news it passed on), the messages all ranks of a job sent (median over jobs), and the largest goodbye
+of a rank's own in bytes; each job's verdict and time also go to stderr as it ends. Not a CI test: a 64-rank job
+on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
 330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything large beside them (another job) sends the page cache
 thrashing, which shows as a hang at exit.
 """

@@ -85,14 +85,13 @@ def main() -> None:
     print("|---" * 13 + "|", flush=True)
     totals: dict[str, int] = {}
     for layout in args.layouts.split(","):
+        job_env = {**env, "OMPI_MCA_mpi_yield_when_idle": "1"} if args.yield_idle and layout == "two" else env
         for n in (int(part) for part in args.ranks.split(",")):
             for load in (part == "on" for part in args.load.split(",")):
                 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load else None
                 outcomes = []
                 try:
                     for seed in range(args.jobs):
-                        job_env = {**env, "OMPI_MCA_mpi_yield_when_idle": "1"} if args.yield_idle and layout == "two" \
-                            else env
                         outcomes.append(one_job(n, layout, seed, args.limit_s, job_env))
                         # Each job as it ends, on stderr: a soak stopped midway keeps what it ran.
                         print(f"job ranks={n} layout={layout} load={'on' if load else 'off'} seed={seed} "

@@ -52,6 +52,12 @@ def ulfm_here() -> bool:
     return mpi_library.family() == "openmpi" and int(mpi_library.release().split(".")[0]) >= 5
 
 
+def run_ft_on_nodes(per_node: list[int], script: str, *args: str, env: dict[str, str], **options) -> RankRun:
+    """:func:`nodes.run_on_nodes` in fault-tolerant mode: ``HPCCOMM_FT=1``, and ``--with-ft ulfm`` where MPI has it."""
+    ulfm = ["--with-ft", "ulfm"] if ulfm_here() else []
+    return run_on_nodes(per_node, script, *args, env={**env, "HPCCOMM_FT": "1"}, launcher_options=ulfm, **options)
+
+
 #: Fault-tolerant stops (and goodbyes) over a tree from 2 ranks, not at hpccomm's default of 64.
 STOPS_OVER_TREE = {"HPCCOMM_GOODBYE_TREE_FROM": "2"}
 
@@ -103,9 +109,7 @@ def test_a_dead_rank_0_is_a_clear_error_at_the_next_store_operation():
 @pytest.mark.parametrize("when, victims", [("between", "3"), ("mid-async", "2")])
 def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
     # 2 fake nodes of 2 ranks, every collective hierarchical; rank 3 is n2's second rank, rank 2 its leader.
-    options = ["--with-ft", "ulfm"] if ulfm_here() else []
-    run = run_on_nodes([2, 2], "fault_tolerance.py", when, victims, env={**HIER_EVERYWHERE, "HPCCOMM_FT": "1"},
-                       launcher_options=options, limit_s=120)
+    run = run_ft_on_nodes([2, 2], "fault_tolerance.py", when, victims, env=HIER_EVERYWHERE, limit_s=120)
     if not refused(run):
         check_survivors(run, range(4), victims, "hier")
         assert run.leftovers == {"n1": [], "n2": []}, run.leftovers
@@ -145,10 +149,9 @@ def test_a_death_as_the_repaired_world_is_learnt_across_nodes_sends_all_back_to_
     # joins (ft_training.py join). Survivors and replacement go back to the spares, and the second spare takes
     # rank 2. Two failures were seen here: the replacement raised an MPI error (and the job hung), and Open MPI
     # 5.0.11's coll/han crashed survivors in the new communicator's first collective (SIGSEGV).
-    options = ["--with-ft", "ulfm"] if ulfm_here() else []
     env = {**HIER_EVERYWHERE, **{setting.name: setting.value for setting in fault_tolerance_settings(2)}}
-    run = run_on_nodes([2, 4], "ft_training.py", "join", "1,2", "--spares", "2", env=env, launcher_options=options,
-                       limit_s=120, stacks_on_timeout=True)
+    run = run_ft_on_nodes([2, 4], "ft_training.py", "join", "1,2", "--spares", "2", env=env, limit_s=120,
+                          stacks_on_timeout=True)
     if not refused(run):
         check_training(run, "join", 4, "1,2", 2)
 
@@ -242,9 +245,7 @@ def test_every_rank_raising_at_once_ends_the_job_by_its_exit_not_mpi_abort(layou
             run = run_ranks(4, "failures.py", "raise-all", launcher=[*HPCCOMM_RUN, "--ft"], limit_s=60,
                             stacks_on_timeout=True)
         else:
-            options = ["--with-ft", "ulfm"] if ulfm_here() else []
-            run = run_on_nodes([2, 2], "failures.py", "raise-all", env={"HPCCOMM_FT": "1"},
-                               launcher_options=options, limit_s=60, stacks_on_timeout=True)
+            run = run_ft_on_nodes([2, 2], "failures.py", "raise-all", env={}, limit_s=60, stacks_on_timeout=True)
         if refused(run):
             return
         check_failed_fast(run, "raise-all", ["fails on purpose", "aborting the job"])

@@ -9,7 +9,9 @@ stops it sent and received. ``--tree-from`` values are ``HPCCOMM_GOODBYE_TREE_FR
 survivor tells every other rank; ``2``, the stops travel a tree of the group's ranks at every size (hpccomm's
 default is 64). Prints, per size and mode, the most messages a survivor sent and received, the messages a job's
 survivors sent (median over jobs), and the seconds from the death to each survivor's PeerFailure (median and
-largest), with the jobs that were not ok. Not a CI test: a 32-rank job takes a minute or more on 2 cores.
+largest), with the jobs that were not ok. Not a CI test: a 32-rank job takes a minute or more on 2 cores; a
+64-rank job about 5 minutes, and more memory than 24 GiB holds (about 373 MiB a rank with torch 2.15.0: it ran
+with a swap file added; docs/scale.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The scale soak (issue 41, item 4): many jobs of 8-64 ranks, uneven exits, 0 false failures and 0 hangs.
 
     python benchmarks/scale_soak.py [--ranks 8,16,32,48,64] [--layouts one,two] [--load off,on]
-                                    [--jobs 10] [--limit-s 600] [--dumps DIR] [--tree-from N] [--yield-idle]
+                                    [--jobs 10] [--limit-s 600] [--dumps DIR] [--tree-from N] [--poll-idle]
 
 Each job runs tests/ranks/scale_soak.py: every collective on the world, on half the ranks and on each node's
 ranks, each result checked; destroy and init again; then a gather and a broadcast that some ranks join up to
@@ -11,13 +11,13 @@ the job. A job counts as ok when every rank printed SOAK_OK and the launcher exi
 when a rank raised PeerExitedError (a departed rank was taken for a failed one); as a hang when it passed
 ``--limit-s`` (stacks are taken, and the output kept under ``--dumps``); as wrong otherwise. ``--tree-from``
 sets ``HPCCOMM_GOODBYE_TREE_FROM`` for the job (goodbyes over a tree from that many ranks; unset, hpccomm's
-default). ``--yield-idle`` sets Open MPI's ``mpi_yield_when_idle`` for jobs on two fake nodes: ``mpirun`` takes
-each fake node's ranks as its slots, so MPI's waits poll there without yielding the CPU; with it a 16-rank job on
-two fake nodes took 27 s, not 183 s. The table: per size, layout and load, the jobs, each outcome, the median and
-slowest job's wall time, the most messages a rank sent and received for departures (goodbyes, and over the tree
-the batches of news it passed on), the messages all ranks of a job sent (median over jobs), and the largest goodbye
-of a rank's own in bytes; each job's verdict and time also go to stderr as it ends. Not a CI test: a 64-rank job
-on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
+default). On two fake nodes Open MPI's waits yield the CPU (``mpi_yield_when_idle``, tests/mpi_library.py
+openmpi_env): ``mpirun`` takes each fake node's ranks as its slots and would poll; ``--poll-idle`` turns that off,
+as the soak ran before 2026-12-02 (a 16-rank job on two fake nodes: 183 s polling, 27 s yielding). The table:
+per size, layout and load, the jobs, each outcome, the median and slowest job's wall time, the most messages a rank
+sent and received for departures (goodbyes, and over the tree the batches of news it passed on), the messages all
+ranks of a job sent (median over jobs), and the largest goodbye of a rank's own in bytes; each job's verdict and
+time also go to stderr as it ends. Not a CI test: a 64-rank job on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
 330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything large beside them (another job) sends the page cache
 thrashing, which shows as a hang at exit.
 """
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=600.0)
     parser.add_argument("--dumps", default=None, help="keep the output of every job that was not ok here")
     parser.add_argument("--tree-from", type=int, default=None, help="HPCCOMM_GOODBYE_TREE_FROM for the jobs")
-    parser.add_argument("--yield-idle", action="store_true", help="Open MPI's mpi_yield_when_idle on two fake nodes")
+    parser.add_argument("--poll-idle", action="store_true", help="Open MPI's waits poll on two fake nodes (no yield)")
     args = parser.parse_args()
     env = {} if args.tree_from is None else {"HPCCOMM_GOODBYE_TREE_FROM": str(args.tree_from)}
     dumps = Path(args.dumps) if args.dumps else None
@@ -85,7 +85,7 @@ def main() -> None:
     print("|---" * 13 + "|", flush=True)
     totals: dict[str, int] = {}
     for layout in args.layouts.split(","):
-        job_env = {**env, "OMPI_MCA_mpi_yield_when_idle": "1"} if args.yield_idle and layout == "two" else env
+        job_env = {**env, "OMPI_MCA_mpi_yield_when_idle": "0"} if args.poll_idle and layout == "two" else env
         for n in (int(part) for part in args.ranks.split(",")):
             for load in (part == "on" for part in args.load.split(",")):
                 hog = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if load else None

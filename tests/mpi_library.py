@@ -101,12 +101,19 @@ def openmpi_env() -> dict[str, str]:
     Run as root (containers); TCP between nodes and shared memory within one,
     under the name this library lists ('vader' in 4.x, 'sm' in 5), which also
     skips Open MPI's slow probing of UCX and OFI (about 1 s per rank here).
+    MPI's blocking waits yield the CPU (``mpi_yield_when_idle``): each fake or
+    Slurm node offers its ranks as its slots, so Open MPI does not see that the
+    ranks of all nodes share this machine's 2 cores, and its waits would poll
+    without yielding, taking the cores from the ranks that are still importing
+    torch or working (a 16-rank job on two fake nodes: 183 s polling, 27 s
+    yielding; benchmarks/scale_soak.py, whose --poll-idle turns it off).
     """
     if family() != "openmpi":
         return {}
     return {
         "OMPI_MCA_btl": f"self,{shared_memory_btl()},tcp",
         "OMPI_MCA_pml": "ob1",
+        "OMPI_MCA_mpi_yield_when_idle": "1",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
     }

@@ -48,6 +48,19 @@ HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOM
 #: hpccomm-run of the environment under test.
 HPCCOMM_RUN = [os.path.join(os.path.dirname(sys.executable), "hpccomm-run")]
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+#: The world size at which CI runs a scenario in every environment (odd: it catches algorithm bugs that powers of 2 hide).
+EVERYWHERE_SIZE = 3
+
+
+def world_sizes(*sizes: int) -> list:
+    """``sizes`` as pytest parameters for ``nprocs``; each but :data:`EVERYWHERE_SIZE` marked ``size_variant``.
+
+    A scenario at another world size runs the same hpccomm code on the same
+    MPI and torch calls, in other shapes (a lone rank, a power of 2, more
+    ranks): CI runs those in its first environment only (.ci/run), and the
+    scenario at :data:`EVERYWHERE_SIZE` in every environment.
+    """
+    return [pytest.param(n, marks=() if n == EVERYWHERE_SIZE else pytest.mark.size_variant) for n in sizes]
 
 
 def skip_unless_ci(message: str) -> None:

@@ -6,13 +6,13 @@ One job per size runs every kind of mismatch in turn (each job's start costs mor
 import re
 
 import pytest
-from launch import assert_all_ranks_ok, run_ranks
+from launch import assert_all_ranks_ok, run_ranks, world_sizes
 
 #: what rank 1 gets wrong -> the column of the table that must name it
 COLUMNS = {"dtype": "dtype", "shape": "numel", "op": "reduce_op", "root": "root"}
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", world_sizes(2, 3))
 def test_mismatched_calls_raise_on_every_rank(nprocs):
     run = run_ranks(nprocs, "debug_mode.py", *COLUMNS, env={"HPCCOMM_DEBUG": "1"})
     assert_all_ranks_ok(run, nprocs)

@@ -7,7 +7,7 @@ against single-process values. A framework that is not installed skips, saying s
 import importlib.util
 
 import pytest
-from launch import assert_all_ranks_ok, run_ranks
+from launch import assert_all_ranks_ok, run_ranks, world_sizes
 
 
 def needs(package: str):
@@ -16,7 +16,7 @@ def needs(package: str):
     )
 
 
-@pytest.mark.parametrize("nprocs", [1, 3])
+@pytest.mark.parametrize("nprocs", world_sizes(1, 3))
 def test_dcp_save_load_async_save_and_broadcast_from_rank0(nprocs):
     assert_all_ranks_ok(run_ranks(nprocs, "dcp.py", limit_s=240), nprocs)
 

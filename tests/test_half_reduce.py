@@ -1,10 +1,10 @@
 """bfloat16/float16 reduction kernels (compiled and torch) at 1-3 ranks."""
 
 import pytest
-from launch import assert_all_ranks_ok, run_ranks
+from launch import assert_all_ranks_ok, run_ranks, world_sizes
 
 
-@pytest.mark.parametrize("nprocs", [1, 3])
+@pytest.mark.parametrize("nprocs", world_sizes(1, 3))
 def test_half_reduction_kernels(nprocs):
     run = run_ranks(nprocs, "half_reduce.py")
     assert_all_ranks_ok(run, nprocs)

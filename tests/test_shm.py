@@ -6,13 +6,13 @@ from hpccomm.transports import shm
 #: Variants of hpccomm's own engine (streaming stores, torch's half kernels, no progress thread), the same under
 #: every torch release and MPI: CI runs them in its first step only (.ci/run).
 ONCE = pytest.mark.one_environment
-from launch import assert_all_ranks_ok, run_ranks
+from launch import assert_all_ranks_ok, run_ranks, world_sizes
 
 # Every collective takes the shared-memory path, in 64-byte chunks (1 KiB slots).
 SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 
 
-@pytest.mark.parametrize("nprocs", [2, 3, 4])
+@pytest.mark.parametrize("nprocs", world_sizes(2, 3, 4))
 def test_shared_memory_collectives(nprocs):
     run = run_ranks(nprocs, "shm.py", env=SHM_EVERYWHERE, limit_s=300)
     assert_all_ranks_ok(run, nprocs)

@@ -12,10 +12,10 @@ import subprocess
 import sys
 
 import pytest
-from launch import assert_all_ranks_ok, run_ranks
+from launch import assert_all_ranks_ok, run_ranks, world_sizes
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
+@pytest.mark.parametrize("nprocs", world_sizes(2, 3))
 def test_group_api(nprocs):
     assert_all_ranks_ok(run_ranks(nprocs, "torch_api.py"), nprocs)
 

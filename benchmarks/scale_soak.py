@@ -17,9 +17,9 @@ as the soak ran before 2026-12-02 (a 16-rank job on two fake nodes: 183 s pollin
 per size, layout and load, the jobs, each outcome, the median and slowest job's wall time, the most messages a rank
 sent and received for departures (goodbyes, and over the tree the batches of news it passed on), the messages all
 ranks of a job sent (median over jobs), and the largest goodbye of a rank's own in bytes; each job's verdict and
-time also go to stderr as it ends. Not a CI test: a 64-rank job on two fake nodes takes minutes on 2 cores. A job needs the machine to itself: each rank holds about
-330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything large beside them (another job) sends the page cache
-thrashing, which shows as a hang at exit.
+time also go to stderr as it ends. Not a CI test: a 64-rank job on two fake nodes takes minutes on 2 cores. A job
+needs the machine to itself: each rank holds about 330 MiB (torch), so 48-64 ranks take 16-21 GiB, and anything
+large beside them (another job) sends the page cache thrashing, which shows as a hang at exit.
 """
 
 from __future__ import annotations

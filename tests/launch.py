@@ -48,7 +48,7 @@ HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOM
 #: hpccomm-run of the environment under test.
 HPCCOMM_RUN = [os.path.join(os.path.dirname(sys.executable), "hpccomm-run")]
 IN_CI = os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-#: The world size at which CI runs a scenario in every environment (odd: it catches algorithm bugs that powers of 2 hide).
+#: The world size at which CI runs a scenario in every environment (odd: it catches bugs that powers of 2 hide).
 EVERYWHERE_SIZE = 3
 
 

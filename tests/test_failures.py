@@ -1,7 +1,8 @@
 """Failures end jobs fast and say why (raise, sys.exit(3), SIGKILL); stuck collectives time out; abort.
 
 Each case runs at 2 and 3 ranks on MPI and at 3 on UCC (its 2-rank runs added CI time and no case the
-3-rank ones lack), and asserts both the time bound and the message.
+3-rank ones lack), and asserts both the time bound and the message. The 2-rank runs are marked
+``size_variant`` (tests/launch.py world_sizes): CI runs them in its first step only.
 """
 
 import pytest
@@ -14,7 +15,7 @@ SHM = {"HPCCOMM_SHM_MIN_BYTES": "1"}
 
 @pytest.mark.parametrize(
     "nprocs, transport",
-    [pytest.param(2, {}, id="2-mpi"), pytest.param(3, {}, id="3-mpi"), pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc)],
+    [pytest.param(2, {}, id="2-mpi", marks=pytest.mark.size_variant), pytest.param(3, {}, id="3-mpi"), pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc)],
 )
 @pytest.mark.parametrize(
     "mode, evidence",
@@ -103,7 +104,7 @@ def test_over_the_tree_verdicts_are_the_same(nprocs, mode):
 
 # Each stuck-operation case on MPI, on the shared-memory path, and on UCC.
 STUCK = [
-    pytest.param(2, {}, id="2"),
+    pytest.param(2, {}, id="2", marks=pytest.mark.size_variant),
     pytest.param(3, {}, id="3"),
     pytest.param(3, SHM, id="3-shm"),
     pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc),

@@ -60,7 +60,15 @@ def world_sizes(*sizes: int) -> list:
     ranks): CI runs those in its first environment only (.ci/run), and the
     scenario at :data:`EVERYWHERE_SIZE` in every environment.
     """
-    return [pytest.param(n, marks=() if n == EVERYWHERE_SIZE else pytest.mark.size_variant) for n in sizes]
+    return [pytest.param(n, marks=size_marks(n)) for n in sizes]
+
+
+def size_marks(nprocs: int) -> tuple:
+    """The marks of a scenario's run on ``nprocs`` ranks: ``size_variant`` unless :data:`EVERYWHERE_SIZE`.
+
+    For parameters that carry more than the size (see :func:`world_sizes`).
+    """
+    return () if nprocs == EVERYWHERE_SIZE else (pytest.mark.size_variant,)
 
 
 def skip_unless_ci(message: str) -> None:

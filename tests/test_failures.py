@@ -2,11 +2,11 @@
 
 Each case runs at 2 and 3 ranks on MPI and at 3 on UCC (its 2-rank runs added CI time and no case the
 3-rank ones lack), and asserts both the time bound and the message. The 2-rank runs are marked
-``size_variant`` (tests/launch.py world_sizes): CI runs them in its first step only.
+``size_variant`` (tests/launch.py size_marks): CI runs them in its first step only.
 """
 
 import pytest
-from launch import FAIL_FAST_S, check_failed_fast, run_ranks
+from launch import FAIL_FAST_S, check_failed_fast, run_ranks, size_marks
 from transports import ON_UCC, needs_ucc
 
 # Every all-reduce on the node-local shared-memory path: its waits must fail the same way.
@@ -15,7 +15,11 @@ SHM = {"HPCCOMM_SHM_MIN_BYTES": "1"}
 
 @pytest.mark.parametrize(
     "nprocs, transport",
-    [pytest.param(2, {}, id="2-mpi", marks=pytest.mark.size_variant), pytest.param(3, {}, id="3-mpi"), pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc)],
+    [
+        pytest.param(2, {}, id="2-mpi", marks=size_marks(2)),
+        pytest.param(3, {}, id="3-mpi", marks=size_marks(3)),
+        pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc),
+    ],
 )
 @pytest.mark.parametrize(
     "mode, evidence",
@@ -104,8 +108,8 @@ def test_over_the_tree_verdicts_are_the_same(nprocs, mode):
 
 # Each stuck-operation case on MPI, on the shared-memory path, and on UCC.
 STUCK = [
-    pytest.param(2, {}, id="2", marks=pytest.mark.size_variant),
-    pytest.param(3, {}, id="3"),
+    pytest.param(2, {}, id="2", marks=size_marks(2)),
+    pytest.param(3, {}, id="3", marks=size_marks(3)),
     pytest.param(3, SHM, id="3-shm"),
     pytest.param(3, ON_UCC, id="3-ucc", marks=needs_ucc),
 ]

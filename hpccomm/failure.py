@@ -93,7 +93,7 @@ _control: Any = None
 _rank = -1
 _me = -1
 #: What each departed rank said, by its rank on the control communicator: its facts on each group shared.
-_said: dict[int, dict[str, ledger.Facts]] = {}
+_said = ledger.Departures()
 #: Held while a thread probes for goodbyes: the progress thread and a waiting caller both check for departed
 #: peers, and a probe's message must be received by the thread that matched it.
 _inbox_lock = threading.Lock()
@@ -443,19 +443,7 @@ def abandoned(book: ledger.Ledger, op: str, peer: int | None, ticket: int) -> li
     if _control is None:
         return []
     _collect_goodbyes()
-    if not _said or peer is None:
-        return []
-    position = book.position()
-    if peer == -1:
-        # A snapshot: another thread may add to _said meanwhile (tuple() of a dict's items runs under the GIL).
-        gone = [(position[mpi_rank], said) for mpi_rank, said in tuple(_said.items()) if mpi_rank in position]
-    else:
-        said = _said.get(book.mpi_ranks[peer])
-        gone = [] if said is None else [(peer, said)]
-    if not gone:
-        return []
-    key = book.key()
-    return sorted(book.world_ranks[rank] for rank, said in gone if not ledger.did_part(said.get(key), op, peer, ticket))
+    return _said.abandoned(book, op, peer, ticket)
 
 
 def _collect_goodbyes(wait: bool = False) -> None:
@@ -498,7 +486,7 @@ def _collect_goodbyes(wait: bool = False) -> None:
                 asking += _take_news(content, peer)
                 news = True
                 continue
-            _said[peer] = content  # a goodbye with what concerns this rank: its point-to-point counts too
+            _said.add(peer, content)  # a goodbye with what concerns this rank: its point-to-point counts too
             if _news is None and word == _FAILING:
                 asking.append(peer)
         if news:
@@ -521,7 +509,7 @@ def _take_news(batch: tuple[tuple[int, goodbye_tree.Record], ...], source: int) 
     failing = []
     for peer, record in _news.learn(batch, source):  # never this rank's own: it learns that before sending it
         if not goodbye_tree.is_partner(record, _me):
-            _said[peer] = goodbye_tree.facts_from(record)
+            _said.add(peer, goodbye_tree.facts_from(record))
         if record[0] == _FAILING:
             failing.append(peer)
     return failing

@@ -16,10 +16,11 @@ what concerns the told rank (:func:`facts_for`): a few integers a group, the
 same size at 4 ranks as at 4,096. Where goodbyes travel a tree of the ranks
 (:mod:`hpccomm.goodbye_tree`), a departure's record says what concerns every
 rank alike (:func:`collective_counts`, :func:`partners`), and only the
-partners get their point-to-point counts. This module holds no MPI and imports nothing
-of hpccomm: the groups (:mod:`hpccomm.front`) and UCC's bootstrap
-(:mod:`hpccomm.transports.ucc`) keep ledgers, and :mod:`hpccomm.failure`
-carries their facts.
+partners get their point-to-point counts. A rank keeps what departed ranks
+said in :class:`Departures`, which draws each group's verdicts from it. This
+module holds no MPI and imports nothing of hpccomm: the groups
+(:mod:`hpccomm.front`) and UCC's bootstrap (:mod:`hpccomm.transports.ucc`)
+keep ledgers, and :mod:`hpccomm.failure` carries their facts.
 """
 
 from __future__ import annotations
@@ -166,3 +167,73 @@ def did_part(facts: Facts | None, op: str, peer: int | None, ticket: int) -> boo
         return True  # a receive from any source: another rank may send
     posted = facts[0] if peer == -1 else facts[1] if op == "recv" else facts[2]
     return ticket <= posted
+
+
+class Departures:
+    """What each departed rank said, by ``MPI_COMM_WORLD`` rank, and the verdicts drawn from it for each group.
+
+    A rank waiting on a collective asks, at every check, whether a departed
+    member of its group left without posting it. Read afresh at each check,
+    that is every departure of the job, again and again, just when a slow
+    rank is the last in an operation that the others completed and left
+    (about 31 ms a check after 16,382 departures; docs/scale.md). Here each group
+    keeps the fewest collectives any of its departed members posted, brought
+    up to date with the departures learnt since its last check: a check reads
+    only those, and the whole list only to name the ranks of a verdict.
+    """
+
+    def __init__(self) -> None:
+        self._facts: dict[int, dict[str, Facts]] = {}
+        self._order: list[int] = []  # departed ranks in the order learnt; only appended to
+        # By group: its key, the departures read so far, and the fewest collectives a departed member posted
+        # (None: no member among them). Replaced whole, so threads that check at once each see a consistent one.
+        self._groups: dict[Ledger, tuple[str, int, int | None]] = {}
+
+    def add(self, mpi_rank: int, facts: dict[str, Facts]) -> None:
+        """Take a departed rank's facts on each group it shares with this rank (only the first word counts)."""
+        if mpi_rank not in self._facts:
+            self._facts[mpi_rank] = facts
+            self._order.append(mpi_rank)  # after the facts: a reader that sees the rank finds its facts
+
+    def __contains__(self, mpi_rank: object) -> bool:
+        return mpi_rank in self._facts
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def get(self, mpi_rank: int) -> dict[str, Facts] | None:
+        """A departed rank's facts by group key; None if it has not left (or this rank has not learnt it yet)."""
+        return self._facts.get(mpi_rank)
+
+    def abandoned(self, book: Ledger, op: str, peer: int | None, ticket: int) -> list[int]:
+        """The world ranks of ``book``'s group that left without doing their part in an operation (:func:`did_part`).
+
+        Args:
+            book: the ledger of the operation's group.
+            op: the operation's name ("send" and "recv" are point-to-point).
+            peer: the group rank a point-to-point operation waits for (None:
+                any rank); -1 for a collective, which needs every member.
+            ticket: the operation's ticket (:meth:`Ledger.post`).
+        """
+        if peer is None or not self._order:
+            return []
+        key = book.key()
+        if peer != -1:
+            facts = self._facts.get(book.mpi_ranks[peer])
+            if facts is None or did_part(facts.get(key), op, peer, ticket):
+                return []
+            return [book.world_ranks[peer]]
+        known, read, fewest = self._groups.get(book, (key, 0, None))
+        if known != key:  # named since its last check: its facts go by the new key
+            read, fewest = 0, None
+        order, end, position = self._order, len(self._order), book.position()
+        for mpi_rank in order[read:end]:
+            if mpi_rank in position:
+                facts = self._facts[mpi_rank].get(key)
+                posted = 0 if facts is None else facts[0]  # a group its goodbye left out: not done there
+                fewest = posted if fewest is None else min(fewest, posted)
+        self._groups[book] = (key, end, fewest)
+        if fewest is None or ticket <= fewest:
+            return []
+        return sorted(book.world_ranks[position[mpi_rank]] for mpi_rank in order[:end]
+                      if mpi_rank in position and not did_part(self._facts[mpi_rank].get(key), op, -1, ticket))

@@ -128,3 +128,14 @@ def test_everyone_left_counts_the_dead_and_not_this_rank():
     assert not book.everyone_left()
     book.learn([(9, (b"\x01", {}, ()))], source=9)
     assert not book.everyone_left() and book.everyone_left(dead={11})
+
+
+def test_everyone_left_awaits_only_the_world_as_it_now_is():
+    book = NewsBook(0, range(6))
+    book.learn([(1, (b"\x01", {}, ())), (2, (b"\x01", {}, ()))], source=1)
+    book.reshape(0, [0, 1, 2, 3, 4], dead=())  # a shrink: rank 5 is no longer in the world
+    assert not book.everyone_left()
+    book.learn([(3, (b"\x01", {}, ()))], source=1)
+    assert not book.everyone_left() and book.everyone_left(dead={4})
+    book.learn([(4, (b"\x01", {}, ()))], source=1)
+    assert book.everyone_left()

@@ -73,3 +73,72 @@ def test_promised_collectives_count_as_done():
     book.promised = 1  # the teardown's barrier, after the goodbye
     assert did_part(book.facts_for(1), "bootstrap", -1, 2)
     assert not did_part(book.facts_for(1), "bootstrap", -1, 3)
+
+
+class CountingFacts(dict):
+    """A departed rank's facts that count how often a verdict reads them."""
+
+    reads = 0
+
+    def get(self, *args):
+        CountingFacts.reads += 1
+        return super().get(*args)
+
+
+def fresh_verdict(departed, book, op, peer, ticket):
+    """Every departed member read afresh: what a check did before departures kept each group's verdict."""
+    if peer is None:
+        return []
+    position = book.position()
+    members = [book.mpi_ranks[peer]] if peer != -1 else list(position)
+    return sorted(book.world_ranks[position[r]] for r in members
+                  if r in departed and not did_part(departed.get(r).get(book.key()), op, peer, ticket))
+
+
+def test_departures_give_every_check_the_verdict_of_reading_every_departure_afresh():
+    import random
+    rng = random.Random(41)
+    world = Ledger("0", range(12), range(12))
+    odd = Ledger("1", range(6), [1, 3, 5, 7, 9, 11])
+    departed = ledger.Departures()
+    for mpi_rank in rng.sample(range(1, 12), 11):
+        facts = {world.key(): (rng.randint(0, 6), 0, 0)}
+        if mpi_rank % 2:
+            facts[odd.key()] = (rng.randint(0, 6), rng.randint(0, 3), rng.randint(0, 3))
+        if rng.random() < 0.2:
+            facts.pop(world.key())  # its goodbye left the group out: not done there
+        departed.add(mpi_rank, facts)
+        departed.add(mpi_rank, {})  # a second word from the same rank changes nothing
+        for _ in range(5):
+            book = rng.choice([world, odd])
+            op, peer = rng.choice([("all_reduce", -1), ("send", rng.randrange(len(book.mpi_ranks))),
+                                   ("recv", rng.randrange(len(book.mpi_ranks))), ("recv", None)])
+            ticket = rng.randint(1, 7)
+            assert departed.abandoned(book, op, peer, ticket) == fresh_verdict(departed, book, op, peer, ticket)
+    assert len(departed) == 11 and 0 not in departed and 5 in departed
+
+
+def test_a_check_reads_only_the_departures_learnt_since_the_group_was_last_checked():
+    world = Ledger("0", range(1000), range(1000))
+    ticket = world.post("all_reduce", -1)
+    departed = ledger.Departures()
+    for mpi_rank in range(1, 1000):
+        departed.add(mpi_rank, CountingFacts({world.key(): (ticket, 0, 0)}))
+    CountingFacts.reads = 0
+    assert departed.abandoned(world, "all_reduce", -1, ticket) == []
+    assert CountingFacts.reads == 999
+    for _ in range(100):  # a slow rank's checks while the collective's data is on its way
+        assert departed.abandoned(world, "all_reduce", -1, ticket) == []
+    assert CountingFacts.reads == 999
+    departed.add(0, CountingFacts({world.key(): (ticket - 1, 0, 0)}))  # one that left without its part
+    assert departed.abandoned(world, "all_reduce", -1, ticket) == [0]
+    assert departed.abandoned(world, "all_reduce", -1, ticket - 1) == []
+
+
+def test_a_group_named_after_its_first_check_is_judged_by_its_new_key():
+    unnamed = Ledger("", [0, 1, 2], [0, 1, 2])
+    departed = ledger.Departures()
+    departed.add(1, {unnamed.key(): (5, 0, 0)})
+    assert departed.abandoned(unnamed, "all_reduce", -1, 1) == []
+    unnamed.name = "5"
+    assert departed.abandoned(unnamed, "all_reduce", -1, 1) == [1]  # its facts name no group by the new key

@@ -35,10 +35,19 @@ ucc_status_t hpccomm_ucc_start(ucc_team_h team, ucc_coll_args_t *args, ucc_coll_
     return status;
 }
 
+static void drain_posted_events(ucc_ee_h ee)
+{
+    ucc_ev_t *posted = NULL;
+
+    while (ucc_ee_get_event(ee, &posted) == UCC_OK && posted != NULL) {
+        ucc_ee_ack_event(ee, posted);
+        posted = NULL;
+    }
+}
+
 ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request)
 {
     ucc_ev_t compute_done = {0};
-    ucc_ev_t *posted = NULL;
     ucc_status_t status;
 
     compute_done.ev_type = UCC_EVENT_COMPUTE_COMPLETE;
@@ -48,13 +57,14 @@ ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request)
         ucc_collective_finalize(request);
         return status;
     }
-    /* UCC queues a COLLECTIVE_POST event on the engine once it has taken the
-     * request; read and acknowledge it (ProcessGroupUCC does the same). The
-     * request is posted by now whatever this finds: it is never finalized
-     * here, its poll will end it. */
-    if (ucc_ee_get_event(ee, &posted) == UCC_OK && posted != NULL) {
-        ucc_ee_ack_event(ee, posted);
-    }
+    /* UCC queues a COLLECTIVE_POST event on the engine once the collective is
+     * on the stream: within this call where the team layer posts triggered
+     * itself (tl/nccl), at a later ucc_context_progress on UCC's generic path
+     * (ucc_trigger_test, src/core/ucc_coll.c). hpccomm waits for the request,
+     * not the event, and acknowledges (frees) every one queued so far at each
+     * triggered post: only those queued since the last post are left.
+     * The request is posted whatever this finds: its poll will end it. */
+    drain_posted_events(ee);
     return UCC_OK;
 }
 

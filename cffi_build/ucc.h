@@ -21,9 +21,10 @@ ucc_status_t hpccomm_ucc_post(ucc_coll_req_h request);
 
 /* An initialised request posted on an execution engine (a CUDA stream): UCC
  * starts it once the stream reaches this point and holds the stream until the
- * collective has completed. ucc_collective_triggered_post, then the engine's
- * UCC_EVENT_COLLECTIVE_POST event read and acknowledged, as PyTorch's
- * ProcessGroupUCC does. If the triggered post fails the request is finalized. */
+ * collective has completed. ucc_collective_triggered_post, then every
+ * UCC_EVENT_COLLECTIVE_POST event the engine has queued so far acknowledged
+ * (UCC's generic path queues it at a later progress, not in this call). If the
+ * triggered post fails the request is finalized. */
 ucc_status_t hpccomm_ucc_triggered_post(ucc_ee_h ee, ucc_coll_req_h request);
 
 /* An execution engine on a CUDA stream (a cudaStream_t, passed as a pointer). */

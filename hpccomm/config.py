@@ -167,8 +167,11 @@ class Config:
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
             collectives on an execution engine on the group's side stream
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
-            instead of once the host sees the inputs ready. It hangs on a GPU:
-            on an H100 (2026-11-27) its first all-reduce never ended.
+            instead of once the host sees the inputs ready. It hung on a GPU:
+            on an H100 (2026-11-27) its first all-reduce never ended (the
+            likely cause, UCC's executor launch under CUDA's lazy loading, is
+            worked around since, and has not run on a GPU:
+            :mod:`hpccomm.transports.ucc_cuda`).
         ucc_in_place: ``HPCCOMM_UCC_IN_PLACE``: how UCC runs a reduction into
             the caller's CUDA tensor (all-reduce, reduce at the root):
             ``scratch`` reduces out of place into a buffer the group keeps

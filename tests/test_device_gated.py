@@ -348,31 +348,79 @@ def test_a_triggered_request_is_in_progress_while_ucc_reports_it_initialized():
     lib = ScriptedLib([2, 2, 2, 1, 1, 0])
     request = scripted_request(lib)
     device = FakeDevice()
-    device.hold(device.side)  # UCC holds the side stream until the collective has ended
-    fence = device.record(device.side)
-    pending = TriggeredPending(device, UCCPending([request], (), "all_reduce"), fence)
+    device.hold(device.side)
+    pending = TriggeredPending(device, UCCPending([request], (), "all_reduce"))
     for _ in range(5):
         assert not pending.test(), "done while UCC still reported the request initialized or in progress"
     assert request.status == lib.UCC_OPERATION_INITIALIZED or request.status == lib.UCC_INPROGRESS
-    assert not pending.test(), "done before the side stream passed the fence"  # the request ended: UCC_OK
+    assert not pending.test(), "done before its local steps landed on the side stream"  # the request ended
     assert request.status == lib.UCC_OK and request._keep is None and not request._team.live
     device.release(device.side)
     assert pending.test()
     pending.finish()  # UCC_OK: no error
-    assert lib.polls == 6
+    assert lib.polls == 6 and pending.path == "ucc-triggered"
 
 
-def test_a_blocking_triggered_call_ends_once_the_requests_have_with_the_callers_stream_behind_the_fence():
-    lib = ScriptedLib([2, 1, 0])
+class GenericTriggeredLib(ScriptedLib):
+    """UCC's generic triggered post (tl/ucp) over the simulated device, as UCC 1.8's src/core/ucc_coll.c runs it.
+
+    ``ucc_collective_triggered_post`` queues nothing on the stream. The first
+    progress after it (``ucc_trigger_test``) starts the executor on the side
+    stream: a kernel that spins there until the host stops it, which UCC does
+    as the collective ends (its result written by then). ``spinning`` says
+    whether the executor's kernel is on the side stream now: a kernel launched
+    for the first time meanwhile may wait for it forever (lazy loading).
+    """
+
+    def __init__(self, device: FakeDevice, polls: int, result: torch.Tensor, value: float) -> None:
+        super().__init__([self.UCC_OPERATION_INITIALIZED] + [self.UCC_INPROGRESS] * (polls - 2) + [self.UCC_OK])
+        self.device, self.result, self.value = device, result, value
+        self.stop = None
+        self.spinning = False
+
+    def hpccomm_ucc_poll(self, context: object, handle: object) -> int:
+        status = super().hpccomm_ucc_poll(context, handle)
+        if self.stop is None:
+            self.stop, self.spinning = self.device.stall(self.device.side), True  # the executor starts
+        if status == self.UCC_OK:
+            self.result.fill_(self.value)  # the collective's result, in the scratch
+            self.stop()  # executor stop: the kernel leaves the side stream
+            self.spinning = False
+        return status
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["blocking", "async"])
+@pytest.mark.parametrize("late", [False, True], ids=["on-time", "late"])
+def test_a_triggered_reductions_copy_back_follows_the_collective_and_launches_nothing_while_ucc_spins(
+    blocking, late
+):
+    # The H100's triggered all-reduce through the scratch: queued at the call (as before), the copy back ran on
+    # the side stream ahead of UCC's executor, which the generic path starts only at the first progress, and
+    # copied the scratch before the collective had written it; queued as UCC's post event appears, it would be
+    # a first launch behind a spinning kernel. Now it is queued once the request has ended.
+    device = FakeDevice(late=late)
+    work, out = torch.zeros(4), torch.full((4,), -1.0)
+    lib = GenericTriggeredLib(device, polls=4, result=out, value=3.0)
     request = scripted_request(lib)
-    device = FakeDevice()
-    device.hold(device.side)
-    fence = device.record(device.side)
-    pending = TriggeredPending(device, UCCPending([request], (), "all_reduce"), fence)
-    assert not pending.test_inline() and not pending.test_inline()
-    assert pending.test_inline(), "the requests ended: a blocking call returns, its stream waiting on the fence"
-    marker = torch.zeros(1)
-    device.launch(device.user, lambda: marker.fill_(1))
-    assert marker.item() == 0, "the caller's stream ran past the fence"
-    device.release(device.side)
-    assert marker.item() == 1
+    launched_while_spinning = []
+    call_on = device.call_on
+
+    def watched(stream, queue_work):
+        launched_while_spinning.append(lib.spinning)
+        call_on(stream, queue_work)
+
+    device.call_on = watched
+    copy_back = lambda: device.copy([(work, out)], device.current_stream())  # noqa: E731 (Scratch.take's)
+    pending = TriggeredPending(device, UCCPending([request], [copy_back], "all_reduce"))
+    test = pending.test_inline if blocking else pending.test
+    for _ in range(200):
+        if test():
+            break
+        device.run()
+    else:
+        pytest.fail("never ended")
+    device.synchronize()
+    pending.finish()
+    assert launched_while_spinning == [False], launched_while_spinning
+    assert work.tolist() == [3.0] * 4, "the copy back ran ahead of the collective"
+    assert lib.polls == 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import py_compile
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +87,7 @@ def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp
 def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
     # acceptance.sh's `within`: the H100's first run hung in one part and lost every later one.
     text = SCRIPT.read_text()
-    within = text[text.index("  within() {"):text.index("  python3 -m pip install -q --no-index --find-links")]
+    within = text[text.index("  native_stacks() {"):text.index("  python3 -m pip install -q --no-index --find-links")]
     program = tmp_path / "hangs.py"
     program.write_text(
         "import faulthandler, signal, subprocess, sys, time\n"
@@ -104,6 +105,10 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
     log = part.read_text()
     assert log.count("most recent call first") == 2, log  # both processes printed their stacks
     assert "HUNG: still running at its 2 s limit" in log, log
+    if shutil.which("gdb"):  # and each process's C stack (where it sleeps): a hang inside a C library
+        assert log.count("acceptance: native stack of pid") == 2 and "\n#0 " in log, log
+    else:
+        assert "acceptance: no gdb here" in log, log
     child = int(log.split("child ")[1].split()[0])
     assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read().lower(), \
         "a process the part started outlived it"

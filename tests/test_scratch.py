@@ -141,7 +141,7 @@ def test_back_to_back_blocking_reductions_share_one_buffer_however_late_the_devi
         pending.finish()
         del pending, request
     assert len(addresses) == 1 and scratch.nbytes == GRANULE, (len(addresses), scratch.nbytes)
-    # An operation gated on another stream (a triggered post's side stream) must wait for the event.
+    # An operation gated on another stream must wait for the copy back's event.
     other, _ = scratch.take(target, device.side_stream())
     assert other.data_ptr() not in addresses, "reused before its copy back ran on another stream"
     device.run()

@@ -62,7 +62,8 @@ class GatedPending:
     """One device operation from its post to its results in place (steps 2-4 above).
 
     Args:
-        order: the queue that posts the operation's requests.
+        order: the queue that posts the operation's requests; None where they
+            were posted at the call (a triggered post, :mod:`~hpccomm.transports.ucc_cuda`).
         ticket: the queue's ticket of the operation's last request.
         ops: the device's streams and events.
         inner: the operation as the transport made it: ``test`` polls the
@@ -70,7 +71,7 @@ class GatedPending:
             (kernels: queued on the stream current when it runs).
     """
 
-    def __init__(self, order: CallOrder, ticket: int, ops: DeviceOps, inner: Pending) -> None:
+    def __init__(self, order: CallOrder | None, ticket: int, ops: DeviceOps, inner: Pending) -> None:
         self._order = order
         self._ticket = ticket
         self._ops = ops
@@ -116,7 +117,7 @@ class GatedPending:
         self._ops.bind_thread()
         if self._error is not None:
             return True
-        if not self._order.reached(self._ticket):
+        if self._order is not None and not self._order.reached(self._ticket):
             return False
         try:
             return self._inner.test()  # type: ignore[union-attr]

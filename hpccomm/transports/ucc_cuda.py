@@ -30,15 +30,33 @@ point-to-point calls and the MPI here need not be CUDA-aware.
 
 ``HPCCOMM_UCC_TRIGGERED=1`` posts on an execution engine over the side stream
 instead (design (b), :meth:`UCCCudaTransport._post`): the side stream waits on
-the caller's event, UCC starts the collective when the stream gets there and
-holds the stream until it has ended, and the local steps follow on it. A
-blocking call's stream then waits on a fence after them; the host still
-polls UCC's requests until they end (no other thread would progress them).
-UCC reports such a request ``UCC_OPERATION_INITIALIZED`` until the stream
-has reached it: "not done", as :class:`~hpccomm.ucc.Request` reads it. Off by
-default: on an H100 (2026-11-27) its first all-reduce never ended, UCC's
-persistent executor started on the side stream of both ranks (under MPS too,
-and with the executor's stream tasks as kernels); the cause is not known.
+the caller's event and UCC starts the collective when the stream gets there.
+Where the team layer has no triggered post of its own (tl/ucp: UCC's generic
+one, ``ucc_trigger_test`` in UCC 1.8's ``src/core/ucc_coll.c``), the call
+queues nothing on the stream: the first ``ucc_context_progress`` after it
+starts UCC's executor there, whose persistent kernel spins until the
+collective has ended. So the local steps are queued only once the requests
+have ended, as on the host-gated path (:class:`TriggeredPending`): queued at
+the call they ran ahead of the collective, and a kernel of hpccomm's launched
+while the executor spins could wait for it forever (below). The host polls
+UCC's requests until they end (no other thread would progress them); UCC's
+``UCC_OPERATION_INITIALIZED`` until the stream has reached the collective is
+"not done", as :class:`~hpccomm.ucc.Request` reads it.
+
+Off by default: on an H100 (2026-11-27) its first all-reduce never ended, with
+UCC's persistent executor started ("executor start") and never stopped, on
+both ranks, under MPS too. The likely cause, read from UCC 1.8's
+``ec/cuda/kernel/ec_cuda_executor.cu`` (not yet confirmed on a GPU): without
+cooperative launch the executor is three kernels queued in one host call, the
+spinning one and then ``executor_shutdown_ack``, launched there for the first
+time in the process; under CUDA's lazy loading (torch's default) a kernel's
+first launch may wait for the device to drain, and the spinning kernel ends
+only when the host, blocked in that launch, stops it. With
+``UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=y`` (:data:`TRIGGERED_EXECUTOR`, set
+before UCC starts unless the user set it) the executor is one kernel, loaded
+while UCC starts (``cudaFuncGetAttributes``). A kernel loaded for the first
+time by any thread while an executor spins can still wait for it:
+``CUDA_MODULE_LOADING=EAGER`` rules that out.
 
 Tested without a GPU, with the tests' simulated device: every operation over
 real UCC on host memory, in place through the scratch and through UCC's flag
@@ -53,7 +71,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -76,6 +94,10 @@ from .ucc import Departures, UCCPending, UCCTransport, _world_context
 #: (../shared/CUDA-NOTES.md): no fragments, and elements that hold a 64 MiB message (UCC allocates them on
 #: demand, at most UCC_MC_CUDA_MPOOL_MAX_ELEMS, 8 by default, outside torch's allocator).
 TUNED_IN_PLACE = {"UCC_TL_UCP_ALLREDUCE_SRA_KN_PIPELINE": "n", "UCC_MC_CUDA_MPOOL_ELEM_SIZE": "64Mb"}
+#: ``HPCCOMM_UCC_TRIGGERED=1``: UCC's settings for its CUDA executor, set before UCC starts unless the user
+#: set them: the persistent executor as one cooperative kernel, loaded while UCC starts, instead of three kernels
+#: whose last is loaded on its first launch, behind the spinning one (the module docstring).
+TRIGGERED_EXECUTOR = {"UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH": "y"}
 _logger = logging.getLogger("hpccomm")
 #: The all-reduce the first group on a device runs while it is made (UCCCudaTransport.settle): past UCX's
 #: rendezvous threshold and UCC's small-message algorithms, as a DDP bucket is.
@@ -153,9 +175,9 @@ class UCCCudaTransport(UCCTransport):
             # UCX's memory-type cache made tl/ucp crash on CUDA memory (uct_mm_ep_am_short, H100):
             # off unless the user chose, where the loaded UCX has it. Before UCC's first CUDA buffer.
             _logger.info("hpccomm: UCX memory-type cache for CUDA on UCC: %s", turn_off_memtype_cache())
-            if in_place == "tuned":
-                for name, value in TUNED_IN_PLACE.items():
-                    os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
+            chosen = {**(TUNED_IN_PLACE if in_place == "tuned" else {}), **(TRIGGERED_EXECUTOR if triggered else {})}
+            for name, value in chosen.items():
+                os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
         departed = Departures("ucc-team", global_ranks)
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, departed, own=True)
         transport = cls(team, staged, ops, device, triggered, in_place)
@@ -248,9 +270,9 @@ class UCCCudaTransport(UCCTransport):
         """Out of place into the scratch, copied back into ``work`` first among the local steps."""
         if self.scratch is None:
             return super()._in_place(args, work, datatype, after)
-        # The stream the post is gated on: a buffer whose copy back went there before is free at once.
-        gate = self.ops.side_stream() if self._engine is not None else self.ops.current_stream()
-        out, copy_back = self.scratch.take(work, gate)
+        # The stream the post waits for (host-gated, or on the side stream, triggered): a buffer whose copy back
+        # went there before is free at once.
+        out, copy_back = self.scratch.take(work, self.ops.current_stream())
         self._info(args.src.info, work, datatype)
         self._info(args.dst.info, out, datatype)
         after.insert(0, copy_back)
@@ -273,16 +295,10 @@ class UCCCudaTransport(UCCTransport):
         return request
 
     def _pending(self, requests: list[Request], after: After, what: str) -> Pending:
+        inner = UCCPending(requests, after, what)
         if self._engine is not None:
-            return self._triggered_pending(requests, after, what)
-        return GatedPending(self.order, self.order.queued, self.ops, UCCPending(requests, after, what))
-
-    def _triggered_pending(self, requests: list[Request], after: After, what: str) -> Pending:
-        """Design (b): the local steps follow on the side stream, behind UCC's hold; the caller's stream waits."""
-        side = self.ops.side_stream()
-        if after:
-            self.ops.call_on(side, lambda: [step() for step in after])
-        return TriggeredPending(self.ops, UCCPending(requests, (), what), self.ops.record(side))
+            return TriggeredPending(self.ops, inner)
+        return GatedPending(self.order, self.order.queued, self.ops, inner)
 
 
 def _engine(team: Team, ops: DeviceOps) -> Any:
@@ -296,38 +312,24 @@ def _engine(team: Team, ops: DeviceOps) -> Any:
         ) from exc
 
 
-class TriggeredPending:
-    """A triggered operation: done for the host once UCC's requests have ended and the side stream passed ``fence``.
+class TriggeredPending(GatedPending):
+    """A triggered operation (design (b)): posted at the call, its local steps queued once its requests have ended.
 
-    A blocking call (``test_inline``) ends once the requests have ended, with
-    the caller's stream waiting on ``fence`` (the local steps on the side
-    stream may still run). The host polls until the requests end because no
-    other thread progresses a blocking call's requests.
+    Until then UCC's executor may spin on the side stream (the module
+    docstring); once they have, UCC has stopped it, and the local steps go
+    where :class:`~hpccomm.transports.device_gated.GatedPending` puts them: on
+    the side stream, or on the caller's stream for a blocking call.
+
+    Args:
+        ops: the device's streams and events.
+        inner: the operation's requests and local steps.
     """
 
     #: The path that serves it, as the profiler names it (:mod:`hpccomm.profiling`).
-    path = "ucc-triggered"
+    path = "ucc-triggered"  # type: ignore[assignment]
 
-    def __init__(self, ops: DeviceOps, requests: UCCPending, fence: Any) -> None:
-        self._ops = ops
-        self._requests = requests
-        self._fence = fence
-
-    def test(self) -> bool:
-        self._ops.bind_thread()
-        if not self._requests.test():
-            return False
-        return self._ops.query(self._fence)
-
-    def test_inline(self) -> bool:
-        self._ops.bind_thread()
-        if not self._requests.test():
-            return False
-        self._ops.wait_event(self._ops.current_stream(), self._fence)
-        return True
-
-    def finish(self) -> None:
-        self._requests.finish()
+    def __init__(self, ops: DeviceOps, inner: UCCPending) -> None:
+        super().__init__(None, 0, ops, inner)
 
 
 def cuda_transport(

@@ -27,14 +27,16 @@
 # order of worth, each part in a session of its own with its own limit, cut to what is left of
 # ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
-# programs print every thread's stack), then is ended with every process it started, and the run goes on:
+# programs print every thread's stack; where gdb is, every Python process's C stacks follow), then is ended
+# with every process it started, and the run goes on:
 #   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers);
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
 #      bounded), and the staged limit to set;
 #   3. tests/gpu, first pass: every path (staged, ucc, ucc-triggered, mpi where the MPI is CUDA-aware), each
 #      check bounded (60 s: a hung check prints HUNG with its top frame and ends its job);
 #   4. the H100's failures, each alone (diag-*.txt): the compute stream on a fresh process, a lone rank with
-#      tl/nccl let into the team, the triggered path's first all-reduce (and under MPS);
+#      tl/nccl let into the team, the triggered path's first all-reduces (as hpccomm runs them; with UCC's
+#      default executor launch; that with every kernel loaded at start; under MPS);
 #   5. with MPS on, where the machine has nvidia-cuda-mps-control: ucc_perftest and the paths again;
 #   6. tests/gpu, second pass; 7. the staging floor at one rank (with a cProfile), the team layer of each
 #      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
@@ -99,6 +101,20 @@ run)
   mkdir -p "$out"
   started=$SECONDS
   budget=${ACCEPTANCE_BUDGET_S:-380}
+  native_stacks() {  # session: every Python process's C stacks, where gdb is here (a hang inside a C library)
+    local sid=$1 pids p readers=()
+    [ -n "$sid" ] || return 0
+    if ! command -v gdb >/dev/null; then echo "acceptance: no gdb here: no native stacks"; return 0; fi
+    pids=$(pgrep -s "$sid" python)
+    for p in $pids; do
+      { echo "acceptance: native stack of pid $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80))"
+        timeout 20 gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
+      } >"/tmp/native.$p" &
+      readers+=($!)
+    done
+    [ ${#readers[@]} -eq 0 ] || wait "${readers[@]}"  # these alone: the hung part is a child of this shell too
+    for p in $pids; do cat "/tmp/native.$p"; rm -f "/tmp/native.$p"; done
+  }
   within() {  # seconds file command...: run it into file, at most `seconds` and what is left of the budget
     local limit=$1 file=$2 left=$((budget - (SECONDS - started))) rc sid; shift 2
     if [ "$left" -lt 15 ]; then echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"; return 124; fi
@@ -112,9 +128,11 @@ run)
       sid=$(cat "$file.sid" 2>/dev/null)
       [ -n "$sid" ] && pkill -USR1 -s "$sid"
       sleep 5
+      native_stacks "$sid" >"$file.native" 2>&1
       [ -n "$sid" ] && pkill -KILL -s "$sid"
       wait "$pid"
       rc=124
+      cat "$file.native" >>"$file"; rm -f "$file.native"
       echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >>"$file"
     else
       wait "$pid"; rc=$?
@@ -216,14 +234,18 @@ run)
       missing_peer
   fi
   if [ "$ucc_from" != none ]; then
-    # The triggered path's first all-reduces, alone, with UCC's execution engine traced: as it is, and with the
-    # engine's stream tasks as kernels instead of the driver's stream memory operations.
+    # The triggered path's first all-reduces, alone, with UCC's execution engine traced: as hpccomm runs it (the
+    # executor one cooperative kernel); with UCC's default launch (three kernels, the last loaded behind the
+    # spinning one: the H100's hang, if lazy loading is its cause); and that with every kernel loaded at start.
     triggered=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 HPCCOMM_UCC_TRIGGERED=1
                RANKCHECK_LIMIT_S=12 UCC_COLL_TRACE=debug UCC_EC_CUDA_LOG_LEVEL=debug)
     within 25 "$work/diag-triggered.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
       sizes_from_empty
-    within 25 "$work/diag-triggered-kernel.txt" "${triggered[@]}" UCC_EC_CUDA_STREAM_TASK_MODE=kernel \
+    within 25 "$work/diag-triggered-noncoop.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
       hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py sizes_from_empty
+    within 40 "$work/diag-triggered-noncoop-eager.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
+      CUDA_MODULE_LOADING=EAGER RANKCHECK_LIMIT_S=25 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+      sizes_from_empty
   fi
   [ "${ACCEPTANCE_MPS:-1}" != 0 ] || mps_control=""
   if [ -n "$mps_control" ] && [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
@@ -270,11 +292,13 @@ run)
       grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || tail -n 5 "$work/mps-perftest-oop.txt"
       echo '```'; cat "$work/mps-compare.log" 2>/dev/null
     fi
+    shown="^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post"
+    frames="^#[0-9]+ .* in (cu[A-Z]|cuda[A-Z]|ucc_|uct_|ucp_)"  # CUDA's and UCC's frames in the native stacks
     for diag in "$work"/diag-*.txt; do
       [ -f "$diag" ] || continue
       echo; echo "## $(basename "$diag")"; echo '```'
-      grep -E "^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post" "$diag" \
-        | sed -E "s/^\[[0-9.]+\] \[[^]]*\] *//" | sort | uniq -c | sort -rn | head -40
+      grep -E "$shown|$frames" "$diag" \
+        | sed -E "s/^\[[0-9.]+\] \[[^]]*\] *//; s/^#[0-9]+ +0x[0-9a-f]+ in /in /" | sort | uniq -c | sort -rn | head -40
       echo '```'
     done
     for n in 1 2; do echo; echo "## Staging floor, $n rank(s)"; cat "$work/floor-$n.md"; done

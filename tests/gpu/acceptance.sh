@@ -29,7 +29,8 @@
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
 # programs print every thread's stack; where gdb is, every Python process's C stacks follow), then is ended
 # with every process it started, and the run goes on:
-#   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers);
+#   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers), and out of place
+#      with UCX's memory-type cache off, as hpccomm runs UCX;
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
 #      bounded), and the staged limit to set;
 #   3. tests/gpu, first pass: every path (staged, ucc, ucc-triggered, mpi where the MPI is CUDA-aware), each
@@ -212,9 +213,12 @@ run)
   # other and Gloo (neither can hang for long: each job has its limit), the first test pass, the H100's failures
   # diagnosed alone and MPS (short), the second test pass, then the staging floor and the team-layer traces.
   if [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
-    for mode in oop inplace; do
+    # Out of place also with UCX's memory-type cache off, as hpccomm runs UCC on CUDA memory (binding.py's
+    # turn_off_memtype_cache): the anchor with UCX set as hpccomm's is.
+    for mode in oop inplace oop-nocache; do
       flag=(); [ $mode = inplace ] && flag=(-i)
-      within 30 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
+      cache=(); [ $mode = oop-nocache ] && cache=(-x UCX_MEMTYPE_CACHE=n)
+      within 30 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS "${cache[@]}" \
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5 "${flag[@]}"
     done
   fi
@@ -281,7 +285,7 @@ run)
   python3 tests/gpu/targets.py "$work" >"$out/targets.md"  # reads the pytest and diag-* logs' HUNG and FAIL lines
   {
     echo; echo "## Targets"; cat "$out/targets.md"
-    for mode in oop inplace; do
+    for mode in oop inplace oop-nocache; do
       echo; echo "## ucc_perftest allreduce on CUDA memory, $mode (count, bytes, avg/min/max us)"; echo '```'
       grep -E "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || tail -n 5 "$work/perftest-$mode.txt"
       echo '```'

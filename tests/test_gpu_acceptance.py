@@ -48,6 +48,7 @@ def test_prepare_assembles_the_bundle_the_gpu_machine_installs_from(tmp_path):
 
 def test_the_gpu_only_code_compiles_and_the_script_parses():
     for path in [*(REPO / "tests" / "gpu").rglob("*.py"), REPO / "benchmarks" / "cuda_allreduce.py",
+                 REPO / "benchmarks" / "cuda_call_stages.py",
                  REPO / "benchmarks" / "cuda_staging_floor.py", REPO / "hpccomm" / "transports" / "device_ops.py"]:
         py_compile.compile(str(path), doraise=True)
     for script in (SCRIPT, REPO / "tests" / "build_ucc.sh"):

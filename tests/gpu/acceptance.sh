@@ -33,6 +33,8 @@
 #      with UCX's memory-type cache off, as hpccomm runs UCX;
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
 #      bounded), and the staged limit to set;
+#   2b. benchmarks/cuda_call_stages.py: where a UCC all-reduce's time goes, timed as ucc_perftest times and
+#      back to back (stages.txt; again under MPS in 5);
 #   3. tests/gpu, first pass: every path (staged, ucc, ucc-triggered, mpi where the MPI is CUDA-aware), each
 #      check bounded (60 s: a hung check prints HUNG with its top frame and ends its job);
 #   4. the H100's failures, each alone (diag-*.txt): the compute stream on a fresh process, a lone rank with
@@ -227,6 +229,10 @@ run)
   bench_paths=${bench_paths%,}
   within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
     --job-timeout 45 --budget-s 140 --json "$work/compare.json"
+  # Where a UCC all-reduce's time goes, timed perftest's way and back to back (the gap to ucc_perftest).
+  ucc_stages=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2 python3
+              benchmarks/cuda_call_stages.py)
+  [[ " $paths " == *" ucc "* ]] && within 45 "$work/stages.txt" "${ucc_stages[@]}" --json "$work/stages.json"
   within 200 "$work/pytest-1.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
   if [[ " $paths " == *" ucc "* ]]; then
     # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
@@ -262,6 +268,8 @@ run)
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5
       within 45 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 --ops all_reduce \
         --paths staged,ucc --job-timeout 20 --budget-s 40 --json "$work/mps-compare.json"
+      [[ " $paths " == *" ucc "* ]] \
+        && within 40 "$work/mps-stages.txt" "${ucc_stages[@]}" --json "$work/mps-stages.json"
       within 25 "$work/diag-triggered-mps.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
         sizes_from_empty
       echo quit | timeout 20 "$mps_control" >>"$work/mps-start.txt" 2>&1
@@ -291,6 +299,11 @@ run)
       echo '```'
     done
     echo; echo "## Every path (benchmarks/cuda_allreduce.py --compare)"; cat "$work/compare.log"
+    for stages in stages mps-stages; do
+      [ -f "$work/$stages.txt" ] || continue
+      echo; echo "## Where a UCC all-reduce's time goes, us ($stages.txt: benchmarks/cuda_call_stages.py)"
+      grep -E "^\|" "$work/$stages.txt" || tail -n 5 "$work/$stages.txt"
+    done
     if [ -f "$work/mps-start.txt" ]; then
       echo; echo "## With MPS on"; echo '```'; cat "$work/mps-start.txt"
       grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || tail -n 5 "$work/mps-perftest-oop.txt"

@@ -310,6 +310,39 @@ def test_the_in_place_setting(monkeypatch):
         config._read()
 
 
+def test_ucc_settings_the_choices_need_are_set_before_ucc_starts_unless_the_user_set_them(monkeypatch):
+    # UCC reads its settings once, in ucc_init at the first context, whichever group makes it: they are set
+    # where UCC is loaded, before MPI starts (HPCCOMM_UCC_TRIGGERED=1: the executor as one preloaded kernel).
+    import os
+
+    from hpccomm import config, ucc
+    from hpccomm.transports import device_routes
+
+    loaded = []
+    monkeypatch.setattr(ucc, "load", lambda: loaded.append(True))
+    monkeypatch.setattr(device_routes, "_cuda_available", lambda: True)  # as on a GPU machine
+    names = ("UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH", "UCC_TL_UCP_ALLREDUCE_SRA_KN_PIPELINE",
+             "UCC_MC_CUDA_MPOOL_ELEM_SIZE")
+    for name in names:
+        monkeypatch.delenv(name, raising=False)  # and whatever the test sets is gone after it
+
+    def load_with(**variables: str) -> dict[str, str | None]:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setattr(device_routes, "settings", config._read())
+        device_routes.load_ucc_first()
+        return {name: os.environ.get(name) for name in names}
+
+    assert load_with(HPCCOMM_TRANSPORT="cuda:ucc") == dict.fromkeys(names) and loaded == [True]
+    assert load_with(HPCCOMM_UCC_TRIGGERED="1")["UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH"] == "y"
+    chosen = load_with(UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH="n", HPCCOMM_UCC_IN_PLACE="tuned")
+    assert chosen == {names[0]: "n", names[1]: "n", names[2]: "64Mb"}, chosen  # the user's choice stays
+    monkeypatch.delenv(names[2])
+    assert load_with(HPCCOMM_TRANSPORT="cuda:staged")[names[2]] is None and loaded == [True] * 3  # no UCC: untouched
+    # UCC for CPU tensors alone: loaded, and its settings for CUDA tensors left alone.
+    assert load_with(HPCCOMM_TRANSPORT="cpu:ucc,cuda:staged")[names[2]] is None and loaded == [True] * 4
+
+
 # -- triggered posts: UCC's status while the stream has not reached the collective ---------------
 
 

@@ -19,6 +19,7 @@ UCC serves a device, and the size below which CUDA collectives are staged.
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 from ..config import cuda_staged_limits, settings
@@ -54,9 +55,11 @@ def devices() -> list[str]:
     return sorted({device for name in _SERVES for device in _serves(name)})
 
 
-def wants_ucc() -> bool:
-    """Whether some device may be routed to UCC (so UCC must be loaded before MPI starts)."""
+def wants_ucc(only: str | None = None) -> bool:
+    """Whether some device (or ``only`` that one) may be routed to UCC (so UCC must be loaded before MPI starts)."""
     for device, name in settings.transports:
+        if only not in (None, device):
+            continue
         if device in _serves("ucc") and (name == "ucc" or (name == "auto" and "ucc" in _AUTO[device])):
             from ..ucc.binding import built
 
@@ -69,9 +72,18 @@ def load_ucc_first() -> None:
     """Load UCC, where a device is routed to it, before MPI loads its own UCX (see hpccomm.ucc.binding).
 
     Run by :mod:`hpccomm.world` before MPI starts (:func:`hpccomm.world.before_start`).
+    Where CUDA tensors may go to UCC, also sets UCC's settings that hpccomm's choices for them need
+    (:func:`~hpccomm.transports.ucc_cuda.ucc_environment`), where the user has not: ``ucc_init`` reads them at
+    the first UCC context, whichever group makes it.
     """
     if wants_ucc():
         from ..ucc import UCCUnavailableError, load
+
+        if wants_ucc("cuda"):
+            from .ucc_cuda import ucc_environment
+
+            for name, value in ucc_environment(settings.ucc_in_place, settings.ucc_triggered).items():
+                os.environ.setdefault(name, value)
 
         try:
             load()

@@ -53,10 +53,10 @@ time in the process; under CUDA's lazy loading (torch's default) a kernel's
 first launch may wait for the device to drain, and the spinning kernel ends
 only when the host, blocked in that launch, stops it. With
 ``UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=y`` (:data:`TRIGGERED_EXECUTOR`, set
-before UCC starts unless the user set it) the executor is one kernel, loaded
-while UCC starts (``cudaFuncGetAttributes``). A kernel loaded for the first
-time by any thread while an executor spins can still wait for it:
-``CUDA_MODULE_LOADING=EAGER`` rules that out.
+before UCC starts unless the user set it: :func:`ucc_environment`) the
+executor is one kernel, loaded while UCC starts (``cudaFuncGetAttributes``).
+A kernel loaded for the first time by any thread while an executor spins can
+still wait for it: ``CUDA_MODULE_LOADING=EAGER`` rules that out.
 
 Tested without a GPU, with the tests' simulated device: every operation over
 real UCC on host memory, in place through the scratch and through UCC's flag
@@ -69,7 +69,6 @@ INITIALIZED status over real UCC (``tests/ranks/ucc_binding.py``). On a GPU:
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -104,6 +103,19 @@ _logger = logging.getLogger("hpccomm")
 WARM_BYTES = 4 << 20
 #: The devices whose first group has run it, in this process.
 _warmed: set[torch.device] = set()
+
+
+def ucc_environment(in_place: str, triggered: bool) -> dict[str, str]:
+    """UCC's settings that hpccomm's choices for CUDA tensors need, to be set before ``ucc_init`` reads them.
+
+    Set by :func:`hpccomm.transports.device_routes.load_ucc_first` before any
+    UCC context (whichever group makes the first), where the user has not set them.
+
+    Args:
+        in_place: ``HPCCOMM_UCC_IN_PLACE`` (``tuned``: :data:`TUNED_IN_PLACE`).
+        triggered: ``HPCCOMM_UCC_TRIGGERED`` (:data:`TRIGGERED_EXECUTOR`).
+    """
+    return {**(TUNED_IN_PLACE if in_place == "tuned" else {}), **(TRIGGERED_EXECUTOR if triggered else {})}
 
 
 class GatedPost:
@@ -175,9 +187,6 @@ class UCCCudaTransport(UCCTransport):
             # UCX's memory-type cache made tl/ucp crash on CUDA memory (uct_mm_ep_am_short, H100):
             # off unless the user chose, where the loaded UCX has it. Before UCC's first CUDA buffer.
             _logger.info("hpccomm: UCX memory-type cache for CUDA on UCC: %s", turn_off_memtype_cache())
-            chosen = {**(TUNED_IN_PLACE if in_place == "tuned" else {}), **(TRIGGERED_EXECUTOR if triggered else {})}
-            for name, value in chosen.items():
-                os.environ.setdefault(name, value)  # read by ucc_init, which the first context runs
         departed = Departures("ucc-team", global_ranks)
         team = Team(_world_context(comm, timeout_s), comm, timeout_s, departed, own=True)
         transport = cls(team, staged, ops, device, triggered, in_place)

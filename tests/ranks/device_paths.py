@@ -69,9 +69,15 @@ _seq = 0
 
 
 def label() -> tuple:
+    """A collective's label, its ticket counted on the group's ledger as the front counts one.
+
+    A rank's goodbye tells what its ledger counted: a ticket the ledger never
+    counted reads, on a rank still waiting when a faster one exits, as an
+    operation the faster one never took part in (a false PeerExitedError).
+    """
     global _seq
     _seq += 1
-    return ("staged", GROUP, _seq, None, _seq)
+    return ("staged", GROUP, _seq, None, GROUP.ledger.post("staged", -1))
 
 
 def done(pending: Pending) -> None:

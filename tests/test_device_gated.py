@@ -310,7 +310,7 @@ def test_the_in_place_setting(monkeypatch):
         config._read()
 
 
-def test_ucc_settings_the_choices_need_are_set_before_ucc_starts_unless_the_user_set_them(monkeypatch):
+def test_ucc_settings_the_choices_need_are_set_before_ucc_starts_unless_the_user_set_them(monkeypatch, caplog):
     # UCC reads its settings once, in ucc_init at the first context, whichever group makes it: they are set
     # where UCC is loaded, before MPI starts (HPCCOMM_UCC_TRIGGERED=1: the executor as one preloaded kernel).
     import os
@@ -334,13 +334,19 @@ def test_ucc_settings_the_choices_need_are_set_before_ucc_starts_unless_the_user
         return {name: os.environ.get(name) for name in names}
 
     assert load_with(HPCCOMM_TRANSPORT="cuda:ucc") == dict.fromkeys(names) and loaded == [True]
+    assert "CUDA_MODULE_LOADING" not in caplog.text
+    monkeypatch.delenv("CUDA_MODULE_LOADING", raising=False)
     assert load_with(HPCCOMM_UCC_TRIGGERED="1")["UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH"] == "y"
+    assert "HPCCOMM_UCC_TRIGGERED=1 without CUDA_MODULE_LOADING=EAGER" in caplog.text  # lazy loading: warned
+    caplog.clear()
+    load_with(CUDA_MODULE_LOADING="EAGER")
+    assert "CUDA_MODULE_LOADING" not in caplog.text, caplog.text
     chosen = load_with(UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH="n", HPCCOMM_UCC_IN_PLACE="tuned")
     assert chosen == {names[0]: "n", names[1]: "n", names[2]: "64Mb"}, chosen  # the user's choice stays
     monkeypatch.delenv(names[2])
-    assert load_with(HPCCOMM_TRANSPORT="cuda:staged")[names[2]] is None and loaded == [True] * 3  # no UCC: untouched
+    assert load_with(HPCCOMM_TRANSPORT="cuda:staged")[names[2]] is None and loaded == [True] * 4  # no UCC: untouched
     # UCC for CPU tensors alone: loaded, and its settings for CUDA tensors left alone.
-    assert load_with(HPCCOMM_TRANSPORT="cpu:ucc,cuda:staged")[names[2]] is None and loaded == [True] * 4
+    assert load_with(HPCCOMM_TRANSPORT="cpu:ucc,cuda:staged")[names[2]] is None and loaded == [True] * 5
 
 
 # -- triggered posts: UCC's status while the stream has not reached the collective ---------------

@@ -84,6 +84,11 @@ def load_ucc_first() -> None:
 
             for name, value in ucc_environment(settings.ucc_in_place, settings.ucc_triggered).items():
                 os.environ.setdefault(name, value)
+            if settings.ucc_triggered and os.environ.get("CUDA_MODULE_LOADING", "").upper() != "EAGER":
+                _logger.warning(
+                    "hpccomm: HPCCOMM_UCC_TRIGGERED=1 without CUDA_MODULE_LOADING=EAGER: a kernel launched for the "
+                    "first time while UCC's executor spins on a stream may wait for it forever (docs/ucc-cuda.md)"
+                )
 
         try:
             load()

@@ -1,5 +1,6 @@
 """Print this rank's CPU affinity: hpccomm-run must not pin a rank to one core."""
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 
 from mpi4py import MPI

@@ -6,6 +6,7 @@ completes, as a backend bug would, so the bench's #wrong must catch it while
 Gloo and raw mpi4py, on the same tensors, stay right.
 """
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 from hpccomm.cli import bench

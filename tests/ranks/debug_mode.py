@@ -7,6 +7,7 @@ raise on every rank and post nothing, so the group stays usable for the next one
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 import hpccomm  # noqa: F401

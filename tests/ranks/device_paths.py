@@ -17,6 +17,7 @@ stack and ends its rank. Usage: device_paths.py [name-filter]
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import sys
 import threading

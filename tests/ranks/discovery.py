@@ -5,6 +5,7 @@ hpccomm in processes an MPI launcher started, so the rendezvous is MPI's:
 no RANK, MASTER_ADDR or store (tests/test_torch_api.py clears them).
 """
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 import torch

@@ -49,6 +49,7 @@ all_reduce that needs it:
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import signal
 import sys

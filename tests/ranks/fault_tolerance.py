@@ -31,6 +31,7 @@ long after the death each survivor had its PeerFailure.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import signal
 import sys

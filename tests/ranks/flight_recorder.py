@@ -12,6 +12,7 @@ the records.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 import time
 from datetime import timedelta

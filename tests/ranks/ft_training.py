@@ -59,6 +59,7 @@ stack (tests/launch.py sends it to a hung run before killing it).
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import argparse
 import faulthandler
 import os

@@ -7,6 +7,7 @@ clear error ("error <type>"); the pytest side checks all ranks agree.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import json
 import sys
 

@@ -5,6 +5,7 @@ Usage: groups.py [name-filter]
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import sys
 

@@ -7,6 +7,7 @@ with tails of every length, infinities, overflow, subnormals and NaN.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import hpccomm  # noqa: F401  (MPI settings before mpi4py starts MPI)
 import torch
 import torch.distributed as dist

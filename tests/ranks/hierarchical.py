@@ -11,6 +11,7 @@ Usage: hierarchical.py [name-filter].
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import socket
 import sys

@@ -1,5 +1,6 @@
 """Element counts past MPI's 32-bit count limit (2**31 - 1): all_reduce and broadcast."""
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist

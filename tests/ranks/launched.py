@@ -6,6 +6,7 @@ through hpccomm, which dies in ``MPI_Init`` when a setting names something
 the library lacks (Open MPI 4 has no ``sm`` BTL).
 """
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import sys
 

@@ -8,6 +8,7 @@ Modes:
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 import hpccomm  # noqa: F401

@@ -11,6 +11,7 @@ reads the traces.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 import time
 from pathlib import Path

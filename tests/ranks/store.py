@@ -18,6 +18,7 @@ Modes:
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import os
 import signal
 import sys

@@ -16,6 +16,7 @@ assert torch's refusal instead.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 from datetime import timedelta
 

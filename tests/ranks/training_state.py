@@ -13,6 +13,7 @@ nothing. Prints ``OK rank=R``.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import hpccomm
 import torch
 import torch.distributed as dist

@@ -7,6 +7,7 @@ UCCError with UCC's status string, then tears down in UCC's order.
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 from hpccomm import ucc

@@ -5,6 +5,7 @@ Run with HPCCOMM_TRANSPORT=ucc. Usage: ucc_transport.py [name-filter]
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import logging
 import sys
 

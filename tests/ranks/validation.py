@@ -7,6 +7,7 @@ would pair with it and give a wrong sum or hang (and the run times out).
 
 from __future__ import annotations
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 from datetime import timedelta
 

@@ -6,6 +6,7 @@ Modes:
               must say so once (rank 0) and still complete async work when waited on.
 """
 
+import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; see that module)
 import sys
 
 mode = sys.argv[1]

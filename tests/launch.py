@@ -113,7 +113,7 @@ def run_ranks(
     limit_s: float = DEFAULT_LIMIT_S,
     launcher: Sequence[str] | None = None,
     python: str = sys.executable,
-    stacks_on_timeout: bool = False,
+    stacks_on_timeout: bool = True,
 ) -> RankRun:
     """Run ``tests/ranks/<script>`` on ``nprocs`` ranks and return its result.
 
@@ -140,7 +140,7 @@ def run_launcher(
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
     python: str = sys.executable,
-    stacks_on_timeout: bool = False,
+    stacks_on_timeout: bool = True,
 ) -> RankRun:
     """Run ``launcher ... python tests/ranks/<script> args`` in a new session, killed past ``limit_s``.
 
@@ -153,7 +153,9 @@ def run_launcher(
         python: the interpreter as the command names it.
         stacks_on_timeout: past ``limit_s``, first send the ranks SIGUSR1 and
             wait :data:`STACKS_WAIT_S` (a script that registers
-            ``faulthandler`` for it prints every thread's stack), then kill.
+            ``faulthandler`` for it, as every rankcheck script does, prints
+            every thread's stack; one that does not just ends), then kill.
+            False only to kill at once.
     """
     command = [*launcher, python, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -54,7 +54,7 @@ def run_on_nodes(
     env: dict[str, str] | None = None,
     limit_s: float = DEFAULT_LIMIT_S,
     launcher_options: Sequence[str] = (),
-    stacks_on_timeout: bool = False,
+    stacks_on_timeout: bool = True,
     own_name_only: bool = False,
 ) -> NodesRun:
     """Run ``tests/ranks/<script>`` with ``per_node[i]`` ranks on fake node ``n<i+1>``.

@@ -81,8 +81,7 @@ SHM_EVERYWHERE = {"HPCCOMM_SHM_MIN_BYTES": "1"}
     ],
 )
 def test_the_survivors_agree_on_the_dead_shrink_and_go_on(nprocs, when, victims, env, path):
-    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120,
-                    stacks_on_timeout=True)
+    run = run_ranks(nprocs, "fault_tolerance.py", when, victims, env=env, launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
     if not refused(run):
         check_survivors(run, range(nprocs), victims, path)
         # Each survivor's stops went over the tree where it was asked for, and each to every rank otherwise.
@@ -138,7 +137,7 @@ def test_a_training_loop_redoes_the_failed_step_and_trains_on(when, nprocs, vict
     # the victims die at step 5, the survivors shrink (or, with spares, repair), redo the step and check every
     # value and rank.
     run = run_ranks(nprocs, "ft_training.py", when, victims, "--spares", str(spares), env=env,
-                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", str(spares)], limit_s=120, stacks_on_timeout=True)
+                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", str(spares)], limit_s=120)
     if not refused(run):
         check_training(run, when, nprocs, victims, spares)
 
@@ -150,8 +149,7 @@ def test_a_death_as_the_repaired_world_is_learnt_across_nodes_sends_all_back_to_
     # rank 2. Two failures were seen here: the replacement raised an MPI error (and the job hung), and Open MPI
     # 5.0.11's coll/han crashed survivors in the new communicator's first collective (SIGSEGV).
     env = {**HIER_EVERYWHERE, **{setting.name: setting.value for setting in fault_tolerance_settings(2)}}
-    run = run_ft_on_nodes([2, 4], "ft_training.py", "join", "1,2", "--spares", "2", env=env, limit_s=120,
-                          stacks_on_timeout=True)
+    run = run_ft_on_nodes([2, 4], "ft_training.py", "join", "1,2", "--spares", "2", env=env, limit_s=120)
     if not refused(run):
         check_training(run, "join", 4, "1,2", 2)
 
@@ -242,10 +240,9 @@ def test_every_rank_raising_at_once_ends_the_job_by_its_exit_not_mpi_abort(layou
     """
     for _ in range(2 if layout == "one-node" else 1):
         if layout == "one-node":
-            run = run_ranks(4, "failures.py", "raise-all", launcher=[*HPCCOMM_RUN, "--ft"], limit_s=60,
-                            stacks_on_timeout=True)
+            run = run_ranks(4, "failures.py", "raise-all", launcher=[*HPCCOMM_RUN, "--ft"], limit_s=60)
         else:
-            run = run_ft_on_nodes([2, 2], "failures.py", "raise-all", env={}, limit_s=60, stacks_on_timeout=True)
+            run = run_ft_on_nodes([2, 2], "failures.py", "raise-all", env={}, limit_s=60)
         if refused(run):
             return
         check_failed_fast(run, "raise-all", ["fails on purpose", "aborting the job"])
@@ -301,7 +298,7 @@ def test_the_bench_times_the_ranks_alone_while_a_spare_waits(tmp_path):
     result = tmp_path / "r.json"
     run = run_ranks(2, "bench.py", "all_reduce", "-b", "4", "-e", "1K", "-f", "256", "-n", "4", "-w", "1",
                     "--no-progress", "--compare", "mpi4py", "--json", str(result),
-                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", "1"], limit_s=120, stacks_on_timeout=True)
+                    launcher=[*HPCCOMM_RUN, "--ft", "--spares", "1"], limit_s=120)
     if refused(run):
         return
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
@@ -318,7 +315,7 @@ def test_over_the_goodbye_tree_a_record_goes_round_a_neighbour_that_died_before_
     # it takes rank 5's record in. Rank 5 lingers at exit until every rank has left or died; seeing rank 1 dead, it
     # sends its record to rank 1's other neighbour (rank 0), and the ranks waiting for rank 5 learn that it left.
     run = run_ranks(6, "failures.py", "relay-dead", env={"HPCCOMM_GOODBYE_TREE_FROM": "2"},
-                    launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120, stacks_on_timeout=True)
+                    launcher=[*HPCCOMM_RUN, "--ft"], limit_s=120)
     if refused(run):
         return
     assert not run.timed_out, run.output[-6000:]

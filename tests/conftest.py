@@ -1,4 +1,5 @@
-"""Shared pytest setup: rank scripts import their helpers from tests/ranks; UCC tests skip or fail (tests/transports.py)."""
+"""Shared pytest setup: rank scripts import their helpers from tests/ranks; UCC tests skip or fail (tests/transports.py);
+the shared-memory files of MPI ranks a test killed go with the test (tests/mpi_leftovers.py)."""
 
 import importlib.util
 import sys
@@ -30,6 +31,8 @@ def _prefer_the_installed_hpccomm() -> None:
 _prefer_the_installed_hpccomm()
 sys.path.insert(0, str(Path(__file__).parent))
 
+import mpi_leftovers  # noqa: E402  (from tests/, just put on the path)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "needs_ucc: needs hpccomm's UCC binding (tests/transports.py)")
@@ -42,3 +45,18 @@ def pytest_runtest_call(item):
         from transports import require_ucc
 
         require_ucc()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _mpi_shared_memory_of_the_session():
+    # Last, the files still in use when their test ended (a Slurm job of the batch running on).
+    before = mpi_leftovers.mpi_files()
+    yield
+    mpi_leftovers.remove_left(before)
+
+
+@pytest.fixture(autouse=True)
+def _no_mpi_shared_memory_left(_mpi_shared_memory_of_the_session):
+    before = mpi_leftovers.mpi_files()
+    yield
+    mpi_leftovers.remove_left(before)

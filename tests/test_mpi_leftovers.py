@@ -1,0 +1,61 @@
+"""tests/mpi_leftovers.py: only the MPI libraries' files that appeared since, and that no live process uses, go.
+
+No MPI job: the files are made here, in a directory of the test's own, and
+held open or mapped by child processes as a live rank holds its segment.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mpi_leftovers
+import pytest
+
+pytestmark = pytest.mark.one_environment
+
+#: A child that opens (or also maps) the file named by argv[1], says so, and waits for its stdin to close.
+#: Mapped with libc's mmap, then closed: Python's mmap would keep a duplicate descriptor open.
+HOLD = """
+import ctypes, mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+if sys.argv[2] == "map":
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    assert libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in (None, ctypes.c_void_p(-1).value)
+    os.close(fd)
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def _holder(path, how):
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(path), how], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "holding"
+    return child
+
+
+def test_only_the_new_unused_files_of_mpi_libraries_are_removed(tmp_path):
+    for name in ("sm_segment.old.0.1.0", "hpccomm-1-abc"):
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    before = mpi_leftovers.mpi_files(str(tmp_path))
+    assert before == {"sm_segment.old.0.1.0"}
+    new = ["sm_segment.n1.0.a13a0000.0", "vader_segment.n1.2a.0", "mpich_shm_2028a9d2_0",
+           "mpich_shm_open_0", "mpich_shm_mapped_0", "not_mpi_0"]
+    for name in new:
+        (tmp_path / name).write_bytes(b"\0" * 4096)
+    opened = _holder(tmp_path / "mpich_shm_open_0", "open")
+    mapped = _holder(tmp_path / "mpich_shm_mapped_0", "map")
+    try:
+        removed = mpi_leftovers.remove_left(before, str(tmp_path))
+        left = sorted(path.name for path in tmp_path.iterdir())
+    finally:
+        for child in (opened, mapped):
+            child.stdin.close()
+            child.wait(timeout=30)
+    assert removed == ["mpich_shm_2028a9d2_0", "sm_segment.n1.0.a13a0000.0", "vader_segment.n1.2a.0"]
+    assert left == ["hpccomm-1-abc", "mpich_shm_mapped_0", "mpich_shm_open_0", "not_mpi_0", "sm_segment.old.0.1.0"]
+    # Once nothing holds them, they go too.
+    assert mpi_leftovers.remove_left(before, str(tmp_path)) == ["mpich_shm_mapped_0", "mpich_shm_open_0"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from launch import run_ranks
+from launch import _cmdline, _running, run_ranks
 
 pytestmark = pytest.mark.one_environment
 
@@ -16,12 +16,8 @@ GONE_WITHIN_S = 10
 
 
 def _alive(pid: int) -> bool:
-    """Whether ``pid`` is still a live (not zombie) hang.py rank."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/stat") as stat:
-            return b"hang.py" in cmdline.read() and stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    """Whether ``pid`` is still a live (not zombie) hang.py rank, not a later process given its number."""
+    return _running(pid) and "hang.py" in _cmdline(pid)
 
 
 def test_a_run_past_its_limit_prints_every_ranks_stack_and_leaves_no_rank():

@@ -36,7 +36,8 @@ This module stands apart from the ``hpccomm`` package on purpose: importing
 ``hpccomm`` imports torch (about a second) to register the backend, which
 the launcher has no use for. It imports nothing but the standard library and,
 to name the MPI library, mpi4py (without starting MPI). It also owns
-:func:`library_defaults`, the MPI settings hpccomm applies when it starts MPI.
+:func:`library_defaults` and :func:`singleton_defaults`, the MPI settings hpccomm
+applies when it starts MPI.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,6 +203,52 @@ def single_node_defaults(library: MpiLibrary) -> list[Setting]:
             for name in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")
         ]
     return settings
+
+
+def singleton_defaults(library: MpiLibrary, env: Mapping[str, str]) -> list[Setting]:
+    """What hpccomm sets for ``MPI_Init`` alone in a process no launcher started (a world of one).
+
+    Open MPI 5 starts it as a singleton (``PMIx_Init`` finds no server), which
+    has no peer to reach through shared memory; yet the 5.0.11 wheel's
+    shared-memory BTL made a 16 MiB ``/dev/shm/sm_segment.*`` in each and left
+    it after ``MPI_Finalize`` (memory lost until reboot, per ``python train.py``
+    or ``python -m hpccomm info`` run alone). Debian's Open MPI 4.1 and MPICH
+    leave nothing (a C singleton of each): they get nothing.
+
+    Args:
+        library: the MPI library that will start.
+        env: this process's environment; a PMIx server's variables (set by
+            ``mpirun``/``prterun`` and ``srun --mpi=pmix``) mean a launcher
+            started it.
+    """
+    if library.family != "openmpi" or library.version < (5,):
+        return []
+    if "PMIX_NAMESPACE" in env or any(name.startswith("PMIX_SERVER_URI") for name in env):
+        return []
+    return [Setting(
+        "OMPI_MCA_btl", "self",
+        "no launcher (an Open MPI 5 singleton): shared memory has no peer to reach, and its 16 MiB "
+        "/dev/shm segment outlived every such process (5.0.11 wheel); its MPI start 1.16 -> 0.16 s here",
+    )]
+
+
+def apply_singleton_defaults(
+    env: MutableMapping[str, str] | None = None, library: MpiLibrary | None = None
+) -> list[Setting]:
+    """Set :func:`singleton_defaults` in ``env`` (default: os.environ) where unset.
+
+    hpccomm calls this just before it starts MPI and removes what it set once
+    ``MPI_Init`` has read it: a launcher started later must not inherit it.
+
+    Args:
+        env: the environment to complete.
+        library: the MPI library that will start (default: the one mpi4py loads).
+
+    Returns:
+        The settings that were set (those already present are left alone).
+    """
+    target = os.environ if env is None else env
+    return _set_missing(target, singleton_defaults(library or mpi_library(), target))
 
 
 def apply_mpi_library_defaults(

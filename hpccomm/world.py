@@ -6,7 +6,8 @@ takes three steps: the steps upper layers gave :func:`before_start` run
 (hpccomm loads UCC there where a device is routed to it, so that MPI finds
 UCC's UCX already loaded), mpi4py loads the library without initialising it,
 hpccomm sets the library settings that apply to that library and version
-(:func:`hpccomm_run.library_defaults`; MPI reads them in ``MPI_Init``), then
+(:func:`hpccomm_run.library_defaults`, and :func:`hpccomm_run.singleton_defaults`
+where no launcher started the process; MPI reads them in ``MPI_Init``), then
 calls ``MPI_Init_thread`` asking for ``MPI_THREAD_MULTIPLE``; hpccomm's control
 communicator (:func:`control`) is made as the identity below is learnt. A program that
 imported ``mpi4py.MPI`` before hpccomm started MPI keeps its own start. From then on
@@ -177,8 +178,14 @@ def _start_mpi(mpi4py: Any) -> "_MPI":
 
     if automatic:
         mpi4py.rc.initialize = True
-        hpccomm_run.apply_mpi_library_defaults(library=hpccomm_run.describe_library(MPI), ft=_fault_tolerant())
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        library = hpccomm_run.describe_library(MPI)
+        hpccomm_run.apply_mpi_library_defaults(library=library, ft=_fault_tolerant())
+        alone = hpccomm_run.apply_singleton_defaults(library=library)
+        try:
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
+        finally:
+            for setting in alone:  # read by MPI_Init; not for a launcher this process starts later
+                os.environ.pop(setting.name, None)
         if not mpi4py.rc.finalize:
             # Registered first, so it runs after every other exit step of hpccomm (atexit is last in, first out).
             atexit.register(_finalize_at_exit, MPI)

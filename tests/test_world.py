@@ -39,7 +39,8 @@ dist.all_reduce(total)
 print("SUM", int(total.sum()), "WORLD", dist.get_world_size(), "BTL", os.environ.get("OMPI_MCA_btl", "unset"))
 dist.destroy_process_group()
 with open("/proc/self/maps") as maps:  # MPI finalizes after this, at exit
-    print("MAPPED", *sorted({line.split()[-1] for line in maps if " /dev/shm/" in line}))
+    paths = {line.split(maxsplit=5)[5].strip().removesuffix(" (deleted)") for line in maps if " /dev/shm/" in line}
+print("MAPPED", *sorted(paths))
 """
 
 

@@ -213,7 +213,7 @@ def singleton_defaults(library: MpiLibrary, env: Mapping[str, str]) -> list[Sett
     shared-memory BTL made a 16 MiB ``/dev/shm/sm_segment.*`` in each and left
     it after ``MPI_Finalize`` (memory lost until reboot, per ``python train.py``
     or ``python -m hpccomm info`` run alone). Debian's Open MPI 4.1 and MPICH
-    leave nothing (a C singleton of each): they get nothing.
+    4.0 and the MPICH 5.0.2 wheel leave nothing: they get nothing.
 
     Args:
         library: the MPI library that will start.

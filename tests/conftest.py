@@ -1,5 +1,6 @@
 """Shared pytest setup: rank scripts import their helpers from tests/ranks; UCC tests skip or fail (tests/transports.py);
-the shared-memory files of MPI ranks a test killed go with the test (tests/mpi_leftovers.py)."""
+the shared-memory files of MPI ranks a test killed, and what its killed launchers left in the temporary directory, go
+with the test (tests/mpi_leftovers.py)."""
 
 import importlib.util
 import sys
@@ -50,13 +51,15 @@ def pytest_runtest_call(item):
 @pytest.fixture(scope="session", autouse=True)
 def _mpi_shared_memory_of_the_session():
     # Last, the files still in use when their test ended (a Slurm job of the batch running on).
-    before = mpi_leftovers.mpi_files()
+    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files()
     yield
     mpi_leftovers.remove_left(before)
+    mpi_leftovers.remove_launcher_leftovers(launchers_before)
 
 
 @pytest.fixture(autouse=True)
 def _no_mpi_shared_memory_left(_mpi_shared_memory_of_the_session):
-    before = mpi_leftovers.mpi_files()
+    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files()
     yield
     mpi_leftovers.remove_left(before)
+    mpi_leftovers.remove_launcher_leftovers(launchers_before)

@@ -9,16 +9,30 @@ after each test, the files of these names that appeared during it and that no
 live process holds open or mapped (an MPI job of someone else's, started
 meanwhile, keeps its own). hpccomm's own segments are not among them: its
 tests assert that none is left (tests/ranks/segments.py).
+
+Launchers killed on purpose, or past a test's limit (tests/launch.py), leave
+files in the temporary directory as well: Open MPI 5's ``prterun`` its session
+directory ``ompi.<its PID>``, MPICH's and Intel MPI's hydra ``mpiexec`` the
+topology file it hands its proxies (``hydra_hwloc_xmlfile_*``). Each removes
+its own when it exits, so conftest.py removes those that appeared during a
+test once their owner is gone (:func:`remove_launcher_leftovers`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 
 SHM_DIR = "/dev/shm"
 #: File names of the MPI libraries' shared-memory transports.
 MPI_SHM_NAME = re.compile(r"^(sm_segment\.|vader_segment\.|mpich_shm_)")
+#: What launchers leave in the temporary directory: prterun's session directory (group: its PID), hydra's file.
+PRTERUN_DIR = re.compile(r"^ompi\.(\d+)$")
+HYDRA_FILE = re.compile(r"^hydra_hwloc_xmlfile_")
+#: The command names (/proc/PID/comm) of hydra's processes, any of which may still read its file.
+HYDRA_COMMANDS = re.compile(r"^(mpiexec|mpirun|hydra)")
 
 
 def mpi_files(directory: str = SHM_DIR) -> set[str]:
@@ -66,3 +80,53 @@ def remove_left(before: set[str], directory: str = SHM_DIR) -> list[str]:
             continue
         removed.append(os.path.basename(path))
     return removed
+
+
+def launcher_files(directory: str | None = None) -> set[str]:
+    """The names in ``directory`` (the temporary directory) that a launcher makes: see the module docstring."""
+    try:
+        names = os.listdir(directory or tempfile.gettempdir())
+    except OSError:
+        return set()
+    return {name for name in names if PRTERUN_DIR.match(name) or HYDRA_FILE.match(name)}
+
+
+def remove_launcher_leftovers(before: set[str], directory: str | None = None) -> list[str]:
+    """Remove what launchers made since ``before`` (a :func:`launcher_files`) and left behind; their names.
+
+    A ``prterun`` session directory goes once no process has its PID; a hydra
+    file once no hydra process runs (the file does not name its ``mpiexec``,
+    so one of another job, started meanwhile, keeps every new file).
+    """
+    directory = directory or tempfile.gettempdir()
+    new = sorted(launcher_files(directory) - before)
+    hydra_runs = any(HYDRA_FILE.match(name) for name in new) and _hydra_running()
+    removed = []
+    for name in new:
+        path = os.path.join(directory, name)
+        owner = PRTERUN_DIR.match(name)
+        if owner is not None:
+            if os.path.exists(f"/proc/{owner.group(1)}"):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+        elif hydra_runs:
+            continue
+        else:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+        removed.append(name)
+    return removed
+
+
+def _hydra_running() -> bool:
+    """Whether any live process may be hydra's: an ``mpiexec``, ``mpirun`` or ``hydra_*`` (Open MPI's ``mpirun`` too)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as comm:
+                if HYDRA_COMMANDS.match(comm.read().strip()):
+                    return True
+        except OSError:
+            continue
+    return False

@@ -6,6 +6,8 @@ held open or mapped by child processes as a live rank holds its segment.
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 
@@ -59,3 +61,30 @@ def test_only_the_new_unused_files_of_mpi_libraries_are_removed(tmp_path):
     assert left == ["hpccomm-1-abc", "mpich_shm_mapped_0", "mpich_shm_open_0", "not_mpi_0", "sm_segment.old.0.1.0"]
     # Once nothing holds them, they go too.
     assert mpi_leftovers.remove_left(before, str(tmp_path)) == ["mpich_shm_mapped_0", "mpich_shm_open_0"]
+
+
+def test_what_killed_launchers_left_goes_once_its_owner_is_gone(tmp_path):
+    (tmp_path / "ompi.1").mkdir()  # from before: stays
+    before = mpi_leftovers.launcher_files(str(tmp_path))
+    assert before == {"ompi.1"}
+    ended = subprocess.Popen(["true"])
+    ended.wait(timeout=30)
+    for owner in (ended.pid, os.getpid()):  # prterun's session directory, named by its PID
+        (tmp_path / f"ompi.{owner}" / "1" / "0").mkdir(parents=True)
+        (tmp_path / f"ompi.{owner}" / "pmix.vm.tool").write_text("uri")
+    for name in ("hydra_hwloc_xmlfile_a1B2c3", "ompi.vm.0", "not_a_launcher"):
+        (tmp_path / name).write_text("x")
+    # A process that may be hydra's keeps every new hydra file (it does not name its mpiexec).
+    proxy = tmp_path / "hydra_pmi_proxy"
+    proxy.symlink_to(shutil.which("sleep"))
+    running = subprocess.Popen([str(proxy), "60"])
+    try:
+        removed = mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
+    finally:
+        running.kill()
+        running.wait(timeout=30)
+    assert removed == [f"ompi.{ended.pid}"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["ompi.1", f"ompi.{os.getpid()}", "hydra_hwloc_xmlfile_a1B2c3", "ompi.vm.0", "not_a_launcher",
+         "hydra_pmi_proxy"])
+    assert mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path)) == ["hydra_hwloc_xmlfile_a1B2c3"]

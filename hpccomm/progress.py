@@ -79,6 +79,7 @@ class ProgressEngine:
         with self._wakeup:
             if self._stopping:
                 return
+            work.driven = True
             self._works.append(work)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hpccomm-progress", daemon=True)
@@ -155,6 +156,8 @@ class ProgressEngine:
             self._stopping = True
             self._wakeup.notify()
             thread = self._thread
+            for work in self._works:
+                work.driven = False  # from now on, only a waiter drives it
         if thread is None:
             return True
         thread.join(timeout_s)

@@ -9,8 +9,9 @@ Pending to completion from whichever thread gets there first:
   :func:`complete_inline` on the calling thread, with no thread hop and no
   per-call Work object: it returns the shared :data:`COMPLETED`;
 * the thread that calls :meth:`HpcWork.wait` polls it itself;
-* the progress engine (:mod:`hpccomm.progress`) polls asynchronous work that
-  nobody is waiting on yet, so it overlaps with the caller's compute.
+* the progress engine (:mod:`hpccomm.progress`, a layer above this one) polls
+  asynchronous work that nobody is waiting on yet, so it overlaps with the
+  caller's compute; it marks the work it takes on (:attr:`HpcWork.driven`).
 
 A per-work claim lock makes sure only one thread tests a request at a time,
 as MPI requires. Every wait is bounded by the group's timeout.
@@ -294,6 +295,9 @@ class HpcWork(dist.Work):
         # Threads inside wait(): each drives the work itself, so the progress
         # thread leaves it alone rather than contend with them for the GIL.
         self.waiters = 0
+        # Set by the progress engine once its thread has taken this work on: it then
+        # completes with nobody waiting, and its future settles by itself.
+        self.driven = False
 
     # -- driving ---------------------------------------------------------
 
@@ -416,14 +420,13 @@ class HpcWork(dist.Work):
     def get_future(self) -> Future:
         """A future holding the output tensors once the work completes.
 
-        Without a progress thread nothing would complete the future while the
-        caller waits on it, so the work is driven to completion first.
+        Where no progress thread took the work on (:attr:`driven`), nothing
+        would complete the future while the caller waits on it, so the work is
+        driven to completion first.
         """
-        from .progress import engine
-
         if _probe.active:
             return _probe.found_in(self)
-        if not self._done and not engine().enabled:
+        if not self._done and not self.driven:
             try:
                 self.wait()
             except RuntimeError:

@@ -48,6 +48,28 @@ def async_work_completes_without_being_waited_on() -> None:
 
 
 @check
+def get_future_leaves_work_the_thread_drives_in_flight() -> None:
+    # DDP's hooks overlap the backward pass with communication only if get_future() returns at once. Rank 1
+    # joins the all_reduce only once rank 0's get_future() has returned: a get_future that drove the work
+    # itself would wait for a peer that waits for it, until the group's timeout.
+    if SIZE < 2 or not PROGRESS_THREAD:
+        return  # without the thread, get_future() drives the work (checked above)
+    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=5))
+    t = torch.ones(4)
+    if RANK == 1:
+        dist.recv(torch.zeros(1), src=0, tag=62)
+    future = dist.all_reduce(t, async_op=True, group=group).get_future()
+    if RANK == 0:
+        # Rank 1 has not joined yet: the future can be pending here only if get_future() left the work in flight.
+        pending = not future.done()
+        dist.send(torch.ones(1), dst=1, tag=62)
+        assert pending, "get_future() drove the work itself although the progress thread had taken it on"
+    future.wait()
+    assert torch.equal(t, torch.full((4,), float(SIZE)))
+    dist.destroy_process_group(group)
+
+
+@check
 def point_to_point_work_completes_without_being_waited_on() -> None:
     # Point-to-point work does not wake the progress thread when posted; the
     # thread must find it whether it was asleep or lingering after other work.

@@ -6,7 +6,7 @@ Values are read when this module is first imported; tests that need other
 values set the environment before launching the ranks.
 
 The MPI library settings hpccomm applies before MPI starts
-(``library_defaults``) live in the launcher module, ``hpccomm_run``, which
+(``library_defaults``) live in the launcher's package, ``hpccomm_run``, which
 must start without importing this package (and torch).
 """
 

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 VARIABLE = re.compile(r"HPCCOMM_[A-Z0-9_]*[A-Z0-9]")
 #: Where hpccomm reads environment variables: the package, the launcher, torch's start-up hook, the Slurm templates.
-CODE = [*(REPO / "hpccomm").rglob("*.py"), REPO / "hpccomm_run.py", REPO / "hpccomm_autoload.py",
+CODE = [*(REPO / "hpccomm").rglob("*.py"), *(REPO / "hpccomm_run").rglob("*.py"), REPO / "hpccomm_autoload.py",
         *(REPO / "slurm").glob("*.sbatch")]
 CI_MARKERS = ("<!-- ci: run -->", "<!-- ci: test command -->")
 

@@ -101,6 +101,7 @@ _status: Any = None
 _ANY_SOURCE = -1  # MPI's, set as fail-fast is armed
 _before_goodbye: list[Callable[[], None]] = []
 _after_goodbye: list[Callable[[], None]] = []
+_before_abort: list[Callable[[], None]] = []
 #: What a goodbye says: this rank leaves; or it leaves failing, and asks for each rank's flight record first.
 _LEAVING = b"\x01"
 _FAILING = b"\x02"
@@ -203,6 +204,17 @@ def before_goodbye(step: Callable[[], None]) -> None:
     _before_goodbye.append(step)
 
 
+def before_abort(step: Callable[[], None]) -> None:
+    """Run ``step`` just before this rank aborts the job (an uncaught exception; not in fault-tolerant mode).
+
+    For local clean-up that a destructor would do at a normal exit: after
+    ``MPI_Abort`` the launcher ends every rank, and none of them runs its
+    destructors. Fault-tolerant mode runs nothing: the job goes on without
+    this rank, and whatever the step would undo is still in use.
+    """
+    _before_abort.append(step)
+
+
 def _run_steps(steps: list[Callable[[], None]]) -> None:
     for step in steps:
         try:
@@ -231,6 +243,7 @@ def _aborting_hook(previous: Any) -> Any:
             # the job: 60 of 60 such jobs ended at once with status 1 (docs/fault-tolerance.md).
             sys.stderr.flush()
             os._exit(1)
+        _run_steps(_before_abort)
         _exit_unless_aborted_within(_ABORT_WAIT_S)
         mpi().COMM_WORLD.Abort(1)
 

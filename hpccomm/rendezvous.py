@@ -14,13 +14,16 @@ launcher all of that is already known, so hpccomm wraps the ``env://`` handler:
   a fresh 0600 file on one node, and a TCPStore on rank 0, on a port the
   kernel picks, across nodes.
 
-The store lives as long as the process group that holds it. hpccomm's own
+The store lives as long as the process group that holds it; a rank that
+aborts the job (:mod:`hpccomm.failure`) first removes the FileStore's file,
+which no destructor would remove once the launcher ends the ranks. hpccomm's own
 collectives never use it; it serves torch and any other backend (such as
 gloo) created in the same job.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,7 +34,7 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 from torch.distributed.rendezvous import _rendezvous_handlers
 
-from . import world
+from . import failure, world
 from .config import settings
 from .store import MPIStore
 
@@ -95,12 +98,14 @@ def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
         return MPIStore(timeout)
     comm = world.members()
     if kind == "file":
-        path = _private_file() if ident.rank == 0 else None
+        path = comm.bcast(_private_file() if ident.rank == 0 else None, root=0)
         # FileStore reopens its file on every operation, its destructor
         # included, and deletes it with the last user; so the file must stay
-        # where it is until then (no directory to clean up after it).
-        store = dist.FileStore(comm.bcast(path, root=0), ident.world_size)
+        # where it is until then (no directory to clean up after it). A rank
+        # that aborts the job removes it: no rank's destructor runs after that.
+        store = dist.FileStore(path, ident.world_size)
         store.set_timeout(timeout)
+        failure.before_abort(functools.partial(_remove_file, path))
         return store
     if ident.rank == 0:
         host = world.hostname()
@@ -139,3 +144,10 @@ def _private_file() -> str:
     handle, path = tempfile.mkstemp(prefix="hpccomm-store-")  # mode 0600
     os.close(handle)
     return path
+
+
+def _remove_file(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass  # gone already: every user ended, or another aborting rank removed it

@@ -28,6 +28,23 @@ def test_two_jobs_on_one_node_at_once():
         assert_all_ranks_ok(run, 2)
 
 
+@pytest.mark.parametrize("ending", ["ends", "aborts"])
+def test_the_file_store_leaves_no_file_however_the_job_ends(ending):
+    """Regression: a job on the FileStore (no MPI_THREAD_MULTIPLE, or HPCCOMM_STORE=file) that fail-fast aborted
+    left its hpccomm-store-* file in the temporary directory: the launcher ends the ranks before any destructor."""
+    run = run_ranks(2, "rendezvous.py", f"file-store-{ending}", env={"HPCCOMM_STORE": "file"})
+    assert not run.timed_out, run.output[-4000:]
+    if ending == "ends":
+        assert_all_ranks_ok(run, 2)
+    else:
+        assert run.returncode != 0 and "uncaught RuntimeError: rank 1 fails on purpose; aborting the job" in run.output, \
+            run.output[-4000:]
+    paths = {line.split()[-1] for line in run.lines("STORE-FILE")}
+    assert len(paths) == 1 and len(run.lines("STORE-FILE")) == 2, run.output[-4000:]
+    (path,) = paths
+    assert not os.path.exists(path), f"the job {ending} and left its store's file {path}"
+
+
 def test_master_addr_and_port_are_honoured():
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     run = run_ranks(2, "rendezvous.py", "master-addr", env=env)

@@ -5,6 +5,7 @@ Modes:
     master-addr: MASTER_ADDR/MASTER_PORT set by the user: torch's TCPStore.
     wrong-rank / wrong-world-size: a user value that disagrees with MPI.
     singleton: run without a launcher: a world of one.
+    file-store-ends / file-store-aborts: HPCCOMM_STORE=file; the job ends, or rank 1 raises and aborts it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,14 @@ elif mode == "master-addr":
     assert store.port == int(os.environ["MASTER_PORT"])
 elif mode == "singleton":
     assert (dist.get_rank(), dist.get_world_size()) == (0, 1)
+elif mode.startswith("file-store"):
+    assert isinstance(store, dist.FileStore), type(store)
+    assert os.path.exists(store.path), store.path
+    say(f"STORE-FILE rank={rank} {store.path}")
+    dist.barrier()  # every rank has said where its store is
+    if mode == "file-store-aborts" and rank == 1:
+        raise RuntimeError("rank 1 fails on purpose")  # fail-fast aborts the job: no rank's destructor runs
+    dist.barrier()
 store.set(f"key{rank}", b"v")  # the store works for torch and other backends
 assert store.get(f"key{rank}") == b"v"
 dist.destroy_process_group()

@@ -31,6 +31,7 @@ its reason, and the command. ``--ft`` starts the job in
 hpccomm's fault-tolerant mode (Open MPI 5's ``--with-ft ulfm`` and
 ``HPCCOMM_FT=1``; see ``hpccomm.fault_tolerance``) and refuses where that
 cannot work.
+
 This package stands apart from the ``hpccomm`` package on purpose: importing
 ``hpccomm`` imports torch (about a second) to register the backend, which
 the launcher has no use for. It imports nothing but the standard library and,

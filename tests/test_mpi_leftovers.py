@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import mpi_leftovers
 import pytest
@@ -63,6 +64,19 @@ def test_only_the_new_unused_files_of_mpi_libraries_are_removed(tmp_path):
     assert mpi_leftovers.remove_left(before, str(tmp_path)) == ["mpich_shm_mapped_0", "mpich_shm_open_0"]
 
 
+def _until_named(pid, name):
+    """Wait until process ``pid`` bears ``name``: Popen returns once the exec has begun, and the kernel renames
+    the process a moment later: read at once, its name was still "python" (3 of 100 runs of this test failed so
+    here, and one CI, on 2026-12-04)."""
+    deadline = time.monotonic() + 30  # only against a hang: a process that never execs
+    while True:
+        with open(f"/proc/{pid}/comm") as comm:
+            if comm.read().strip() == name:
+                return
+        assert time.monotonic() < deadline, f"process {pid} never became {name}"
+        time.sleep(0.001)
+
+
 def test_what_killed_launchers_left_goes_once_its_owner_is_gone(tmp_path):
     (tmp_path / "ompi.1").mkdir()  # from before: stays
     before = mpi_leftovers.launcher_files(str(tmp_path))
@@ -79,6 +93,7 @@ def test_what_killed_launchers_left_goes_once_its_owner_is_gone(tmp_path):
     proxy.symlink_to(shutil.which("sleep"))
     running = subprocess.Popen([str(proxy), "60"])
     try:
+        _until_named(running.pid, proxy.name)
         removed = mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
     finally:
         running.kill()

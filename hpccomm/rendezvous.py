@@ -28,6 +28,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -105,7 +106,7 @@ def _job_store(ident: world.Identity, timeout: timedelta) -> dist.Store:
         # that aborts the job removes it: no rank's destructor runs after that.
         store = dist.FileStore(path, ident.world_size)
         store.set_timeout(timeout)
-        failure.before_abort(functools.partial(_remove_file, path))
+        failure.before_abort(functools.partial(Path(path).unlink, missing_ok=True))  # another rank may be first
         return store
     if ident.rank == 0:
         host = world.hostname()
@@ -145,9 +146,3 @@ def _private_file() -> str:
     os.close(handle)
     return path
 
-
-def _remove_file(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass  # gone already: every user ended, or another aborting rank removed it

@@ -16,6 +16,13 @@ directory ``ompi.<its PID>``, MPICH's and Intel MPI's hydra ``mpiexec`` the
 topology file it hands its proxies (``hydra_hwloc_xmlfile_*``). Each removes
 its own when it exits, so conftest.py removes those that appeared during a
 test once their owner is gone (:func:`remove_launcher_leftovers`).
+
+Open MPI 5 without ``prterun`` (a singleton, a rank ``srun`` starts) keeps
+its session directory in ``ompi.<node>.<uid>/jf.0/<job>``, and at
+MPI_Finalize it removes only the rank's own folder in it: every such job
+leaves an empty folder behind, the first also the tree above it (Open MPI
+pull request 13261, open). conftest.py removes the empty folders that
+appeared during a test; a live job's folder holds its rank's, so it stays.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ PRTERUN_DIR = re.compile(r"^ompi\.(\d+)$")
 HYDRA_FILE = re.compile(r"^hydra_hwloc_xmlfile_")
 #: The command names (/proc/PID/comm) of hydra's processes, any of which may still read its file.
 HYDRA_COMMANDS = re.compile(r"^(mpiexec|mpirun|hydra)")
+#: Open MPI 5's session directory tree where no prterun made it: ``ompi.<node>.<uid>``.
+SESSION_TREE = re.compile(r"^ompi\.[^/]+\.(\d+)$")
 
 
 def mpi_files(directory: str = SHM_DIR) -> set[str]:
@@ -83,12 +92,37 @@ def remove_left(before: set[str], directory: str = SHM_DIR) -> list[str]:
 
 
 def launcher_files(directory: str | None = None) -> set[str]:
-    """The names in ``directory`` (the temporary directory) that a launcher makes: see the module docstring."""
+    """The names in ``directory`` (the temporary directory) that a launcher makes: see the module docstring.
+
+    A session tree of this user's (:data:`SESSION_TREE`) counts with each
+    folder in it down to the jobs' (``ompi.vm.0/jf.0/4217962496``).
+    """
+    directory = directory or tempfile.gettempdir()
     try:
-        names = os.listdir(directory or tempfile.gettempdir())
+        names = os.listdir(directory)
     except OSError:
         return set()
-    return {name for name in names if PRTERUN_DIR.match(name) or HYDRA_FILE.match(name)}
+    found = {name for name in names if PRTERUN_DIR.match(name) or HYDRA_FILE.match(name)}
+    for tree in names:
+        owner = SESSION_TREE.match(tree)
+        if owner is None or int(owner.group(1)) != os.getuid():
+            continue
+        found.update(_folders(directory, tree, depth=2))
+    return found
+
+
+def _folders(directory: str, name: str, depth: int) -> set[str]:
+    """``name`` (a path below ``directory``) if it is a folder, with the folders below it to ``depth`` levels."""
+    try:
+        entries = os.scandir(os.path.join(directory, name))
+    except OSError:  # not a folder, or gone meanwhile
+        return set()
+    found = {name}
+    with entries:
+        below = [entry.name for entry in entries if depth and entry.is_dir(follow_symlinks=False)]
+    for entry in below:
+        found.update(_folders(directory, f"{name}/{entry}", depth - 1))
+    return found
 
 
 def remove_launcher_leftovers(before: set[str], directory: str | None = None) -> list[str]:
@@ -96,16 +130,22 @@ def remove_launcher_leftovers(before: set[str], directory: str | None = None) ->
 
     A ``prterun`` session directory goes once no process has its PID; a hydra
     file once no hydra process runs (the file does not name its ``mpiexec``,
-    so one of another job, started meanwhile, keeps every new file).
+    so one of another job, started meanwhile, keeps every new file). A folder
+    of a session tree goes if it is empty, the deepest first.
     """
     directory = directory or tempfile.gettempdir()
-    new = sorted(launcher_files(directory) - before)
+    new = sorted(launcher_files(directory) - before, key=lambda name: (-name.count("/"), name))
     hydra_runs = any(HYDRA_FILE.match(name) for name in new) and _hydra_running()
     removed = []
     for name in new:
         path = os.path.join(directory, name)
         owner = PRTERUN_DIR.match(name)
-        if owner is not None:
+        if "/" in name or SESSION_TREE.match(name):
+            try:
+                os.rmdir(path)
+            except OSError:  # not empty: a live job's, or gone meanwhile
+                continue
+        elif owner is not None:
             if os.path.exists(f"/proc/{owner.group(1)}"):
                 continue
             shutil.rmtree(path, ignore_errors=True)

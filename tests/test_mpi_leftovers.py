@@ -103,3 +103,44 @@ def test_what_killed_launchers_left_goes_once_its_owner_is_gone(tmp_path):
         ["ompi.1", f"ompi.{os.getpid()}", "hydra_hwloc_xmlfile_a1B2c3", "ompi.vm.0", "not_a_launcher",
          "hydra_pmi_proxy"])
     assert mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path)) == ["hydra_hwloc_xmlfile_a1B2c3"]
+
+
+def test_empty_session_folders_that_appeared_go_and_the_rest_stays(tmp_path):
+    uid = os.getuid()
+    (tmp_path / f"ompi.vm.{uid}" / "jf.0" / "111").mkdir(parents=True)  # from before: stays
+    before = mpi_leftovers.launcher_files(str(tmp_path))
+    assert before == {f"ompi.vm.{uid}", f"ompi.vm.{uid}/jf.0", f"ompi.vm.{uid}/jf.0/111"}
+    for job in (f"ompi.vm.{uid}/jf.0/222", f"ompi.vm.{uid}/jf.0/333/0", f"ompi.n1.{uid}/jf.0/444",
+                f"ompi.vm.{uid + 1}/jf.0/5"):  # a job still running (333), another user's tree
+        (tmp_path / job).mkdir(parents=True)
+    removed = mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
+    assert removed == [f"ompi.n1.{uid}/jf.0/444", f"ompi.vm.{uid}/jf.0/222", f"ompi.n1.{uid}/jf.0", f"ompi.n1.{uid}"]
+    left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.glob("*/*/*"))
+    assert left == sorted([f"ompi.vm.{uid + 1}/jf.0/5", f"ompi.vm.{uid}/jf.0/111", f"ompi.vm.{uid}/jf.0/333"])
+
+
+#: An MPI singleton that names its MPI library once MPI is up, and finalizes once its stdin closes.
+SINGLETON = """
+import sys
+from mpi4py import MPI
+print(MPI.Get_library_version().split(",")[0], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_what_a_real_singleton_leaves_goes_once_it_ended(tmp_path):
+    before = mpi_leftovers.launcher_files(str(tmp_path))
+    singleton = subprocess.Popen([sys.executable, "-c", SINGLETON], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        library = singleton.stdout.readline().strip()
+        mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
+        running = sorted(mpi_leftovers.launcher_files(str(tmp_path)))
+    finally:
+        singleton.stdin.close()
+        assert singleton.wait(timeout=60) == 0
+    # Open MPI 5's running job keeps its folders (its job's holds the rank's); other MPI libraries make none.
+    assert all(mpi_leftovers.SESSION_TREE.match(name.split("/")[0]) for name in running)
+    assert len(running) == 3 if library.startswith("Open MPI v5") else not running, (library, running)
+    mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
+    assert [path.name for path in tmp_path.iterdir()] == []

@@ -21,7 +21,7 @@ import time
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from hpccomm.transports.collective_paths import Selector
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard

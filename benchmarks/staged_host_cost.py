@@ -74,7 +74,7 @@ import torch.distributed as dist  # noqa: E402
 from cuda_staging_floor import staged_round_trip  # noqa: E402
 from hpccomm import world  # noqa: E402
 from hpccomm.config import cuda_staged_limits  # noqa: E402
-from hpccomm.front import front_of  # noqa: E402
+from hpccomm.groups import front_of  # noqa: E402
 from hpccomm.registration import BACKEND_SHAPE  # noqa: E402
 from hpccomm.transports import Transport  # noqa: E402
 from hpccomm.transports.device_gated import BySize  # noqa: E402

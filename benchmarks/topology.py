@@ -32,7 +32,7 @@ import hpccomm
 import numpy as np
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from hpccomm.transports.collective_paths import Selector
 from hpccomm.transports.topology_aware import TopologyAwareTransport
 from mpi4py import MPI

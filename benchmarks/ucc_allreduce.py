@@ -28,7 +28,7 @@ import time
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 
 #: perftest's switch from small to large iteration counts, in bytes.
 LARGE_BYTES = 64 * 1024

@@ -24,7 +24,8 @@ from __future__ import annotations
 from .debug import CollectiveMismatchError
 from .failure import PeerExitedError
 from .fault_tolerance import PeerFailure, TrainingState, failed_ranks, is_replacement, repair
-from .monitor import MonitoredBarrierError, monitored_barrier
+from .groups import monitored_barrier
+from .monitor import MonitoredBarrierError
 from .registration import register
 from .topology import Topology, init_device_mesh, leaders_group, node_group, topology
 from .work import CommTimeoutError, GroupClosedError

@@ -580,17 +580,3 @@ class Front:
         if self._debug is not None:
             self._debug.close()
 
-
-def front_of(group: object) -> Front | None:
-    """The hpccomm group behind a torch process group, or None where hpccomm does not serve it.
-
-    On torch >= 2.14 the group is torch's ProcessGroup and hpccomm its CPU
-    backend; on older releases the group is hpccomm's own.
-    """
-    if isinstance(group, Front):
-        return group
-    try:
-        backend = group._get_backend(torch.device("cpu"))  # type: ignore[attr-defined]
-    except (AttributeError, RuntimeError):
-        return None
-    return backend if isinstance(backend, Front) else None

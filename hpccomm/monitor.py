@@ -185,32 +185,3 @@ def _wait(done: Any, deadline: float) -> bool:
 def _ms(seconds: float) -> int:
     return round(seconds * 1000)
 
-
-def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> None:
-    """``torch.distributed.monitored_barrier`` for hpccomm groups (torch's serves Gloo only).
-
-    Args:
-        group: an hpccomm process group; default: the default group. Ranks
-            outside it return at once, as in torch.
-        timeout: a timedelta or seconds; default: the group's timeout.
-        wait_all_ranks: rank 0 names every missing rank, not just the first.
-
-    Raises:
-        MonitoredBarrierError: as :meth:`Monitor.barrier` describes.
-        ValueError: ``group`` is not an hpccomm group.
-    """
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _rank_not_in_group
-
-    if _rank_not_in_group(group):
-        return
-    from .front import front_of  # the front uses this module's Monitor
-
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    front = front_of(pg)
-    if front is None:
-        raise ValueError(
-            f"hpccomm monitored_barrier: group uses backend '{dist.get_backend(pg)}', not hpccomm; "
-            "use torch.distributed.monitored_barrier for Gloo groups"
-        )
-    front.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from fake_device import FakeDevice  # noqa: E402
 from hpccomm import world  # noqa: E402
-from hpccomm.front import front_of  # noqa: E402
+from hpccomm.groups import front_of  # noqa: E402
 from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
 from hpccomm.transports.device_gated import BySize  # noqa: E402
 from hpccomm.transports.mpi import MPITransport  # noqa: E402

@@ -17,7 +17,7 @@ import socket
 import sys
 
 import hpccomm
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 import torch
 import torch.distributed as dist
 from expected import ALL, Op, combine, same, torch_op, valid_ops, value

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from hpccomm.transports import half_reduce
 from hpccomm.transports.topology_aware import TopologyAwareTransport
 

@@ -23,7 +23,7 @@ from datetime import timedelta
 import hpccomm  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from hpccomm.registration import BACKEND_SHAPE
 from rankcheck import check, expect_error, run_all
 

@@ -12,7 +12,7 @@ import sys
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from hpccomm.transports import ucc as ucc_transport
 from rankcheck import check, run_all
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import hpccomm  # noqa: F401
 import torch
 import torch.distributed as dist
-from hpccomm.front import front_of
+from hpccomm.groups import front_of
 from torch._C._distributed_c10d import AllgatherOptions
 from rankcheck import check, expect_error, run_all
 

@@ -15,7 +15,8 @@
 # it), NCCL's headers from the nvidia-nccl-cu13 2.28.9 wheel torch 2.11 pins (build_ucc.sh's NCCL_HOME; no
 # libcuda here: build_ucc.sh links against stand-ins, and the GPU machine's driver loads), ucc_perftest on
 # the Debian Open MPI 4.1 here (apt-installed where mpicc is missing; libmpi.so.40, as the GPU machine's
-# Open MPI 4.1.6). Debug info stripped (bin and lib 21 MB to 9 MB).
+# Open MPI 4.1.6; /usr/bin's where a venv's MPI wheel comes first on PATH). Debug info stripped (bin and lib
+# 21 MB to 9 MB).
 #
 # The tarball holds the installed tree without ucx/ (the wheel, which 'run' unzips there, is carried anyway)
 # and with ucc-env.sh (build_ucc.sh's two export lines: UCX, UCC, then the NCCL wheel of the GPU machine's
@@ -44,7 +45,12 @@ if ! command -v mpicc >/dev/null; then
   echo "prebuild_ucc.sh: no mpicc: apt-get install openmpi-bin libopenmpi-dev" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q openmpi-bin libopenmpi-dev >/dev/null
 fi
-mpirun --version | grep -q 'Open MPI) 4\.' \
+open_mpi_4() { "$1" --version 2>/dev/null | grep -q 'Open MPI) 4\.'; }
+if ! open_mpi_4 mpirun && open_mpi_4 /usr/bin/mpirun; then  # an active venv's MPI wheel first on PATH
+  echo "prebuild_ucc.sh: $(command -v mpirun) is not Open MPI 4; ucc_perftest gets /usr/bin's" >&2
+  export PATH=/usr/bin:$PATH
+fi
+open_mpi_4 mpirun \
   || { echo "prebuild_ucc.sh: $(command -v mpicc) is not Open MPI 4 (the GPU machine's MPI)" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

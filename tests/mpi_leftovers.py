@@ -23,6 +23,8 @@ MPI_Finalize it removes only the rank's own folder in it: every such job
 leaves an empty folder behind, the first also the tree above it (Open MPI
 pull request 13261, open). conftest.py removes the empty folders that
 appeared during a test; a live job's folder holds its rank's, so it stays.
+Open MPI 4's ``mpirun`` keeps its session directory in the same tree, as
+``pid.<its PID>``, and leaves it when killed: it goes once its owner is gone.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ HYDRA_FILE = re.compile(r"^hydra_hwloc_xmlfile_")
 HYDRA_COMMANDS = re.compile(r"^(mpiexec|mpirun|hydra)")
 #: Open MPI 5's session directory tree where no prterun made it: ``ompi.<node>.<uid>``.
 SESSION_TREE = re.compile(r"^ompi\.[^/]+\.(\d+)$")
+#: Open MPI 4's ``mpirun`` session directory in that tree (group: its PID).
+MPIRUN_DIR = re.compile(r"^ompi\.[^/]+\.\d+/pid\.(\d+)$")
 
 
 def mpi_files(directory: str = SHM_DIR) -> set[str]:
@@ -95,7 +99,7 @@ def launcher_files(directory: str | None = None) -> set[str]:
     """The names in ``directory`` (the temporary directory) that a launcher makes: see the module docstring.
 
     A session tree of this user's (:data:`SESSION_TREE`) counts with each
-    folder in it down to the jobs' (``ompi.vm.0/jf.0/4217962496``).
+    folder in it, and those in its job families (``ompi.vm.0/jf.0/4217962496``).
     """
     directory = directory or tempfile.gettempdir()
     try:
@@ -107,22 +111,24 @@ def launcher_files(directory: str | None = None) -> set[str]:
         owner = SESSION_TREE.match(tree)
         if owner is None or int(owner.group(1)) != os.getuid():
             continue
-        found.update(_folders(directory, tree, depth=2))
+        below = _folders(os.path.join(directory, tree))
+        if below is None:  # not a folder
+            continue
+        found.add(tree)
+        for name in below:
+            found.add(f"{tree}/{name}")
+            if name.startswith("jf."):
+                found.update(f"{tree}/{name}/{job}" for job in _folders(os.path.join(directory, tree, name)) or ())
     return found
 
 
-def _folders(directory: str, name: str, depth: int) -> set[str]:
-    """``name`` (a path below ``directory``) if it is a folder, with the folders below it to ``depth`` levels."""
+def _folders(path: str) -> list[str] | None:
+    """The names of the folders in ``path``; None if it is not a folder (or is gone)."""
     try:
-        entries = os.scandir(os.path.join(directory, name))
-    except OSError:  # not a folder, or gone meanwhile
-        return set()
-    found = {name}
-    with entries:
-        below = [entry.name for entry in entries if depth and entry.is_dir(follow_symlinks=False)]
-    for entry in below:
-        found.update(_folders(directory, f"{name}/{entry}", depth - 1))
-    return found
+        with os.scandir(path) as entries:
+            return [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return None
 
 
 def remove_launcher_leftovers(before: set[str], directory: str | None = None) -> list[str]:
@@ -130,8 +136,9 @@ def remove_launcher_leftovers(before: set[str], directory: str | None = None) ->
 
     A ``prterun`` session directory goes once no process has its PID; a hydra
     file once no hydra process runs (the file does not name its ``mpiexec``,
-    so one of another job, started meanwhile, keeps every new file). A folder
-    of a session tree goes if it is empty, the deepest first.
+    so one of another job, started meanwhile, keeps every new file). In a
+    session tree, Open MPI 4's ``mpirun`` folder goes as ``prterun``'s does,
+    any other folder if it is empty, the deepest first.
     """
     directory = directory or tempfile.gettempdir()
     new = sorted(launcher_files(directory) - before, key=lambda name: (-name.count("/"), name))
@@ -139,8 +146,8 @@ def remove_launcher_leftovers(before: set[str], directory: str | None = None) ->
     removed = []
     for name in new:
         path = os.path.join(directory, name)
-        owner = PRTERUN_DIR.match(name)
-        if "/" in name or SESSION_TREE.match(name):
+        owner = PRTERUN_DIR.match(name) or MPIRUN_DIR.match(name)
+        if owner is None and ("/" in name or SESSION_TREE.match(name)):
             try:
                 os.rmdir(path)
             except OSError:  # not empty: a live job's, or gone meanwhile

@@ -113,10 +113,17 @@ def test_empty_session_folders_that_appeared_go_and_the_rest_stays(tmp_path):
     for job in (f"ompi.vm.{uid}/jf.0/222", f"ompi.vm.{uid}/jf.0/333/0", f"ompi.n1.{uid}/jf.0/444",
                 f"ompi.vm.{uid + 1}/jf.0/5"):  # a job still running (333), another user's tree
         (tmp_path / job).mkdir(parents=True)
+    ended = subprocess.Popen(["true"])
+    ended.wait(timeout=30)
+    for owner in (ended.pid, os.getpid()):  # Open MPI 4 mpirun's session directory, named by its PID
+        (tmp_path / f"ompi.vm.{uid}" / f"pid.{owner}" / "0").mkdir(parents=True)
+        (tmp_path / f"ompi.vm.{uid}" / f"pid.{owner}" / "contact.txt").write_text("uri")
     removed = mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
-    assert removed == [f"ompi.n1.{uid}/jf.0/444", f"ompi.vm.{uid}/jf.0/222", f"ompi.n1.{uid}/jf.0", f"ompi.n1.{uid}"]
+    assert removed == [f"ompi.n1.{uid}/jf.0/444", f"ompi.vm.{uid}/jf.0/222", f"ompi.n1.{uid}/jf.0",
+                       f"ompi.vm.{uid}/pid.{ended.pid}", f"ompi.n1.{uid}"]
     left = sorted(str(path.relative_to(tmp_path)) for path in tmp_path.glob("*/*/*"))
-    assert left == sorted([f"ompi.vm.{uid + 1}/jf.0/5", f"ompi.vm.{uid}/jf.0/111", f"ompi.vm.{uid}/jf.0/333"])
+    assert left == sorted([f"ompi.vm.{uid + 1}/jf.0/5", f"ompi.vm.{uid}/jf.0/111", f"ompi.vm.{uid}/jf.0/333",
+                           f"ompi.vm.{uid}/pid.{os.getpid()}/0", f"ompi.vm.{uid}/pid.{os.getpid()}/contact.txt"])
 
 
 #: An MPI singleton that names its MPI library once MPI is up, and finalizes once its stdin closes.

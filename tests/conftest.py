@@ -51,15 +51,15 @@ def pytest_runtest_call(item):
 @pytest.fixture(scope="session", autouse=True)
 def _mpi_shared_memory_of_the_session():
     # Last, the files still in use when their test ended (a Slurm job of the batch running on).
-    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files()
+    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files_everywhere()
     yield
     mpi_leftovers.remove_left(before)
-    mpi_leftovers.remove_launcher_leftovers(launchers_before)
+    mpi_leftovers.remove_launcher_leftovers_everywhere(launchers_before)
 
 
 @pytest.fixture(autouse=True)
 def _no_mpi_shared_memory_left(_mpi_shared_memory_of_the_session):
-    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files()
+    before, launchers_before = mpi_leftovers.mpi_files(), mpi_leftovers.launcher_files_everywhere()
     yield
     mpi_leftovers.remove_left(before)
-    mpi_leftovers.remove_launcher_leftovers(launchers_before)
+    mpi_leftovers.remove_launcher_leftovers_everywhere(launchers_before)

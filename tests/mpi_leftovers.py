@@ -15,7 +15,9 @@ files in the temporary directory as well: Open MPI 5's ``prterun`` its session
 directory ``ompi.<its PID>``, MPICH's and Intel MPI's hydra ``mpiexec`` the
 topology file it hands its proxies (``hydra_hwloc_xmlfile_*``). Each removes
 its own when it exits, so conftest.py removes those that appeared during a
-test once their owner is gone (:func:`remove_launcher_leftovers`).
+test once their owner is gone (:func:`remove_launcher_leftovers`), in the
+temporary directory and in /tmp, where the MPICH wheel's hydra writes its
+file whatever ``TMPDIR`` says (CI sets ``TMPDIR``; 7 files stayed in /tmp).
 
 Open MPI 5 without ``prterun`` (a singleton, a rank ``srun`` starts) keeps
 its session directory in ``ompi.<node>.<uid>/jf.0/<job>``, and at
@@ -129,6 +131,17 @@ def _folders(path: str) -> list[str] | None:
             return [entry.name for entry in entries if entry.is_dir(follow_symlinks=False)]
     except OSError:
         return None
+
+
+def launcher_files_everywhere() -> dict[str, set[str]]:
+    """:func:`launcher_files` of each directory a launcher writes to: the temporary directory and /tmp."""
+    return {directory: launcher_files(directory) for directory in {tempfile.gettempdir(), "/tmp"}}
+
+
+def remove_launcher_leftovers_everywhere(before: dict[str, set[str]]) -> list[str]:
+    """:func:`remove_launcher_leftovers` in each directory of ``before`` (a :func:`launcher_files_everywhere`)."""
+    return [os.path.join(directory, name) for directory, names in sorted(before.items())
+            for name in remove_launcher_leftovers(names, directory)]
 
 
 def remove_launcher_leftovers(before: set[str], directory: str | None = None) -> list[str]:

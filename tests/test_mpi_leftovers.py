@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import mpi_leftovers
@@ -151,3 +152,16 @@ def test_what_a_real_singleton_leaves_goes_once_it_ended(tmp_path):
     assert len(running) == 3 if library.startswith("Open MPI v5") else not running, (library, running)
     mpi_leftovers.remove_launcher_leftovers(before, str(tmp_path))
     assert [path.name for path in tmp_path.iterdir()] == []
+
+
+def test_the_sweep_looks_in_tmp_too_whatever_tmpdir_says(tmp_path, monkeypatch):
+    # The MPICH wheel's hydra writes its file to /tmp with TMPDIR set elsewhere (as CI sets it).
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))  # what TMPDIR would make it
+    before = mpi_leftovers.launcher_files_everywhere()
+    assert sorted(before) == sorted(["/tmp", str(temp)])
+    ended = subprocess.Popen(["true"])
+    ended.wait(timeout=30)
+    (temp / f"ompi.{ended.pid}").mkdir()
+    assert mpi_leftovers.remove_launcher_leftovers_everywhere(before) == [str(temp / f"ompi.{ended.pid}")]

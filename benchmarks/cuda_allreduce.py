@@ -337,15 +337,26 @@ def where(output: str) -> str | None:
     return "; ".join(f"rank {rank} in {cell}" for rank, cell in sorted(last.items()))
 
 
+def last_line(output: str) -> str:
+    """A job's last line of output, at most 200 characters: its failure's summary where it names no error."""
+    lines = [line.strip() for line in output.splitlines() if line.strip(" -")]
+    return lines[-1][-200:] if lines else "no output"
+
+
+def _tests_on_path() -> None:
+    """Put this checkout's tests/ on sys.path: --compare's helpers (launch.py, ended.py) live there."""
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
 def run_job(command: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, bool]:
     """Run one job in a session of its own; past ``timeout_s``: its ranks' stacks (SIGUSR1), then killed, all of it.
 
     Through tests/launch.py (which finds ranks that left the session too); without it (it needs pytest), the
     session alone. Returns the exit status, the output and whether it timed out.
     """
-    tests = str(Path(__file__).resolve().parents[1] / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
+    _tests_on_path()
     try:
         from launch import run_launcher
     except ImportError:
@@ -372,6 +383,8 @@ def compare(args: argparse.Namespace) -> None:
     """One job per path; per op, the combined table, the fastest path per size; the threshold to set."""
     # The acceptance run sends SIGUSR1 to all it started before it kills a part past its limit: print, not die.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _tests_on_path()
+    from ended import error_that_ended  # the error a failed job's output names, not MPI's abort notice after it
     started = time.monotonic()
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
@@ -409,7 +422,7 @@ def compare(args: argparse.Namespace) -> None:
             complete = bool(record and record.get("complete"))
             at = "after its last cell" if complete else where(output) or "before its first cell"
             failed[path] = (f"over its {timeout_s:.0f} s limit {at}" if timed_out else
-                            f"exit {rc} {at}: {output.strip()[-300:]}")
+                            f"exit {rc} {at}: {error_that_ended(output) or last_line(output)}")
         print(f"# {path}: {'ok' if path not in failed else failed[path]} ({time.monotonic() - began:.0f} s)",
               file=sys.stderr, flush=True)
         if path in failed:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -392,3 +395,109 @@ def test_a_path_skipped_or_run_once_is_not_measured(tmp_path):
     assert got["tests/gpu passes twice on ucc-triggered"] == "not measured"
     (tmp_path / "pytest-2.txt").unlink()
     assert verdicts(targets.table(tmp_path))["tests/gpu passes twice on staged"] == "not measured"
+
+
+# What an MPI job prints when a rank raises outside any check (from a CPU rehearsal of the run: every rank
+# program on a torch without CUDA), ending with Open MPI's abort notice, which says nothing of the cause.
+CRASHED = """[rank0]: Traceback (most recent call last):
+[rank0]:   File "/w/tests/gpu/ranks/cuda_ops.py", line 28, in <module>
+[rank0]:     DEVICE = torch.device("cuda", torch.cuda.current_device())
+[rank0]:     raise AssertionError("Torch not compiled with CUDA enabled")
+[rank0]: AssertionError: Torch not compiled with CUDA enabled
+hpccomm: rank 0: uncaught AssertionError: Torch not compiled with CUDA enabled; aborting the job
+--------------------------------------------------------------------------
+MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD
+with errorcode 1.
+
+NOTE: invoking MPI_ABORT causes Open MPI to kill all MPI processes.
+--------------------------------------------------------------------------
+[vm:17285] 1 more process has sent help message help-mpi-api.txt / mpi-abort
+[vm:17285] Set MCA parameter "orte_base_help_aggregate" to 0 to see all help / error messages
+acceptance: exit status 1 after 35 s
+"""
+PERFTEST_FAILED = """UCC perftest error: CUDA driver version is insufficient for CUDA runtime version in getDevice()
+selected memory type Cuda is not available
+--------------------------------------------------------------------------
+Primary job  terminated normally, but 1 process returned
+a non-zero exit code. Per user-direction, the job has been aborted.
+--------------------------------------------------------------------------
+  Process name: [[11810,1],1]
+  Exit code:    1
+--------------------------------------------------------------------------
+acceptance: exit status 1 after 17 s
+"""
+STOPPED = """# staged: ok (12 s)
+Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.12/threading.py", line 355 in wait
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/w/benchmarks/cuda_call_stages.py", line 88 in stage
+  File "/w/benchmarks/cuda_call_stages.py", line 120 in main
+acceptance: HUNG: still running at its 45 s limit (stacks above, where the program prints them)
+acceptance: exit status 124 after 210 s
+"""
+
+
+def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_frame(tmp_path):
+    collection_error = ("==================================== ERRORS ====================================\n"
+                        "E   ModuleNotFoundError: No module named 'hpccomm'\n"
+                        "=========================== short test summary info ============================\n"
+                        "ERROR tests/gpu/test_cuda.py\n!!!!!!!!!!!!! Interrupted: 1 error during collection !!!!!!!!!\n"
+                        "acceptance: exit status 2 after 9 s\n")
+    write_run(tmp_path, logs={"pytest-1.txt": collection_error, "pytest-2.txt": all_passed(),
+                              "diag-stream.txt": CRASHED, "perftest-oop.txt": PERFTEST_FAILED,
+                              "stages.txt": STOPPED, "floor-2.md": CRASHED.replace("rank 0", "rank 1"),
+                              "mps-compare.log": "acceptance: out of time (budget 380 s), skipped: python3\n",
+                              "ucc-trace.txt": "CL_BASIC TL_UCP\nacceptance: exit status 0 after 300 s\n",
+                              "compare-staged.log": CRASHED.replace("acceptance: exit status 1 after 35 s\n", "")})
+    out = targets.table(tmp_path)
+    failed = section(out)
+    assert "- pass 1 (pytest-1.txt):\n  - exit status 2: ModuleNotFoundError: No module named 'hpccomm'" in failed
+    assert "- pass 2 (pytest-2.txt): nothing failed or hung" in failed
+    assert ("- diag-stream.txt:\n  - exit status 1: rank 0: AssertionError: Torch not compiled with CUDA enabled"
+            in failed), failed
+    assert ("- perftest-oop.txt: exit status 1: UCC perftest error: CUDA driver version is insufficient for CUDA "
+            "runtime version in getDevice()") in failed
+    assert ("- stages.txt: the part was ended at its 45 s limit; top frame: "
+            "/w/benchmarks/cuda_call_stages.py:88 in stage") in failed
+    assert "- floor-2.md: exit status 1: rank 1: AssertionError: Torch not compiled" in failed
+    assert "- mps-compare.log: did not run (no time left)" in failed
+    assert "ucc-trace.txt" not in failed and "compare-staged.log" not in failed  # exit 0; no part of its own
+    assert "MPI_ABORT" not in failed and "help message" not in failed
+    # One bullet a line: a reason never spills over lines (a benchmark's from an older run kept its output's tail).
+    write_run(tmp_path, compare_json(timings(), failed={"ucc": "exit 1 before its first cell: cesses\n---\nx"}))
+    failed = section(targets.table(tmp_path)).splitlines()
+    assert "- benchmark, ucc path: exit 1 before its first cell: cesses --- x" in failed
+
+
+def test_the_error_that_ended_a_program_comes_before_the_launchers_words_and_the_main_threads_frame_first():
+    ended = _load("ended", REPO / "tests" / "ended.py")
+    # Without hpccomm's line: the first exception a traceback ends with (a chained one prints its cause first).
+    chained = ("Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+               "hpccomm.errors.CommTimeoutError: hpccomm all_reduce #5 timed out\n\nDuring handling of the above "
+               "exception, another exception occurred:\n\nRuntimeError: cleanup failed\n"
+               "[vm:1] [[1,0],0] ORTE_ERROR_LOG: Data unpack would read past end of buffer\n")
+    assert ended.error_that_ended(chained) == "hpccomm.errors.CommTimeoutError: hpccomm all_reduce #5 timed out"
+    assert ended.error_that_ended("[1,0]<stderr>:ValueError: bad size\n") == "ValueError: bad size"
+    assert ended.error_that_ended("MPI_ABORT was invoked on rank 0\nwith errorcode 1.\n") is None
+    assert ended.error_that_ended("x" * 10 + "\ncuda error: " + "y" * 400)[-3:] == "..."
+    assert ended.stack_top("no stacks\n  File \"a.py\", line 1 in f\n") is None
+    # No "Current thread" mark: the thread printed last, the oldest (faulthandler lists the newest first).
+    threads = ("Thread 0x2 (most recent call first):\n  File \"t.py\", line 5 in wait\n\n"
+               "Thread 0x1 (most recent call first):\n  File \"m.py\", line 9 in main\n"
+               "  File \"m.py\", line 2 in <module>\n")
+    assert ended.stack_top(threads) == "m.py:9 in main"
+
+
+@pytest.mark.one_environment  # the same under every torch release and MPI: CI's first step only (.ci/run)
+def test_a_benchmark_job_that_fails_is_named_by_its_error_in_both_reports(tmp_path):
+    # A real job that fails: CUDA tensors where no GPU is seen (in the CPU rehearsal of the acceptance run,
+    # 2026-12-04, every job's reason was the tail of Open MPI's abort notice, cut mid-word).
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cuda_allreduce.py"), "--compare", "-n", "2",
+                           "--paths", "staged", "--ops", "broadcast", "--sizes", "4", "--rounds", "1", "--iters", "1",
+                           "--job-timeout", "90", "--budget-s", "120", "--json", str(tmp_path / "compare.json")],
+                          capture_output=True, text=True, timeout=180, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    why = json.loads((tmp_path / "compare.json").read_text())["failed"]["staged"]
+    assert why.startswith("exit 1 before its first cell: rank ") and "Error: " in why and "\n" not in why, why
+    assert "MPI_ABORT" not in why and "help message" not in why, why
+    assert f"- benchmark, staged path: {why}" in section(targets.table(tmp_path))

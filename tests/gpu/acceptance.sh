@@ -45,10 +45,13 @@
 #      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
 # ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5.
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
-# per target, every ratio from this run, and every check that failed or hung with its top frame), report.md
+# per target, every ratio from this run, every check that failed or hung with its top frame, and every other
+# part that failed, hung or had no time left, with the error its output names or its top frame), report.md
 # (the machine, UCC's components and environment, UCX's transports, every table above), pytest-1.txt and
 # pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says so in its log.
 # Exit status: that of the test passes.
+# Rehearse 'run' on the CPU before a GPU session (docs/ucc-cuda.md, "Rehearsed on the CPU"): every part fails
+# fast there, and targets.md must name each one's cause.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mode=${1:-}
@@ -310,7 +313,7 @@ run)
       grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || tail -n 5 "$work/mps-perftest-oop.txt"
       echo '```'; cat "$work/mps-compare.log" 2>/dev/null
     fi
-    shown="^(OK|FAIL|FAILED|HUNG) |Timed out|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post"
+    shown="^(OK|FAIL|FAILED|HUNG) |Timed out|uncaught|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post"
     frames="^#[0-9]+ .* in (cu[A-Z]|cuda[A-Z]|ucc_|uct_|ucp_)"  # CUDA's and UCC's frames in the native stacks
     for diag in "$work"/diag-*.txt; do
       [ -f "$diag" ] || continue

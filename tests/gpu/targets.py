@@ -16,9 +16,13 @@ Then "What failed or hung": per test pass and pytest item, the checks the
 rank programs reported (tests/ranks/rankcheck.py: ``FAIL rank=<r> <check>:
 <detail>``, ``HUNG rank=<r> <check> after <s> s; top frame: <where>``),
 tests/launch.py's ``still running at the <n> s limit`` and the acceptance
-run's own limit on a whole part; the same for each ``diag-*.txt``; and the
-benchmark's jobs that failed or gave wrong values. Runs anywhere (no torch):
-without a GPU run every target says "not measured".
+run's own limit on a whole part; the same for each ``diag-*.txt``; every other
+part that failed, hung or had no time left (``ucc_perftest``, the stages, the
+floors, the traces: any log with the run's ``acceptance: exit status`` note); and
+the benchmark's jobs that failed or gave wrong values. A part that ended badly
+without a rank naming a check is named by the error its output gives, or by the
+top frame of its main thread's stack (tests/ended.py). Runs anywhere (no
+torch): without a GPU run every target says "not measured".
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for ended.py (this file runs as a script)
+from ended import DETAIL_CHARS, error_that_ended, stack_top  # noqa: E402
 
 MIB = 1 << 20
 #: The benchmark's collectives (benchmarks/cuda_allreduce.py OPS; tests/test_gpu_targets.py keeps them equal).
@@ -52,9 +59,10 @@ HUNG_MARK = re.compile(r"(?:(?<![A-Za-z_])|(?<=\\n))HUNG rank=(\d+) (\S+) after 
 LIMIT_NOTE = re.compile(r"still running at the (\d+) s limit")
 PART_LIMIT_NOTE = re.compile(r"acceptance: HUNG: still running at its (\d+) s limit")
 PART_SKIPPED = "acceptance: out of time"
+#: acceptance.sh's last line in every part's log.
+EXIT_NOTE = re.compile(r"^acceptance: exit status (\d+) after")
 #: What may precede a marker that starts its line: pytest's ``E``, a launcher's tag, spaces.
 LINE_START = re.compile(r"(E\b)?\s*(\[[^\]]*\]<\w+>:)?\s*")
-DETAIL_CHARS = 200
 
 
 def load_json(path: Path) -> Any:
@@ -141,6 +149,8 @@ class Log:
         self.sections: dict[str, list[str]] = {}  # item id (or header) -> its failure text
         self.loose: list[str] = []  # lines outside any failure text (a diag log: all of it)
         self.part_limit: str | None = None  # the acceptance run ended the part at this many seconds
+        self.exit_status: int | None = None  # the part's, as the acceptance run noted it
+        self.text = ""
 
 
 def read_log(path: Path) -> Log | None:
@@ -150,11 +160,14 @@ def read_log(path: Path) -> Log | None:
     except OSError:
         return None
     log = Log(path.name, PART_SKIPPED in text)
+    log.text = text
     started: list[str] = []
     section: list[str] | None = None
     for line in text.splitlines():
         if note := PART_LIMIT_NOTE.search(line):
             log.part_limit = note[1]
+        if note := EXIT_NOTE.match(line):
+            log.exit_status = int(note[1])
         if header := HEADER_LINE.match(line):
             name = re.sub(r"^ERROR at \w+ of ", "", header[1])
             section = log.sections.setdefault(name, [])
@@ -374,8 +387,37 @@ def log_failures(log: Log) -> list[str]:
     if loose:
         lines.append("  - outside any test's failure text:" if log.outcomes else "  - the rank program:")
         lines += [f"    - {marker}" for marker in loose]
-    if log.part_limit and not any("never finished" in line for line in lines):
-        lines.append(f"  - the part was ended at its {log.part_limit} s limit")
+    ended = log.part_limit and not any("never finished" in line for line in lines)
+    if (ended or not lines) and (fate := ended_badly(log)):
+        lines.append(f"  - {fate}")
+    return lines
+
+
+def ended_badly(log: Log) -> str | None:
+    """How a part ended, where it ended badly: past its limit (with the top frame of its main thread's stack),
+    or with a non-zero exit status (with the error its output names); None where it exited 0."""
+    if log.part_limit:
+        top = stack_top(log.text)
+        return f"the part was ended at its {log.part_limit} s limit" + (f"; top frame: {top}" if top else "")
+    if log.exit_status:
+        return f"exit status {log.exit_status}: {error_that_ended(log.text) or 'its output names no error'}"
+    return None
+
+
+def other_parts(out: Path) -> list[str]:
+    """Every other part (a log with the run's exit note: ucc_perftest, the stages, the floors, the traces, MPS)
+    that had no time left, was ended past its limit or exited non-zero."""
+    lines = []
+    for path in sorted(out.glob("*")):
+        if path.suffix not in (".txt", ".md", ".log") or path.name.startswith(("pytest-", "diag-")):
+            continue
+        log = read_log(path)
+        if log is None:
+            continue
+        if log.skipped:
+            lines.append(f"- {path.name}: did not run (no time left)")
+        elif fate := ended_badly(log):
+            lines.append(f"- {path.name}: {fate}")
     return lines
 
 
@@ -383,7 +425,7 @@ def benchmark_failures(compare: Any) -> list[str]:
     """The benchmark's jobs that failed or hung (and where), and its cells with wrong values or errors."""
     if not compare:
         return ["- benchmark (compare.json): no results (did not run, or ended before its first job)"]
-    lines = [f"- benchmark, {path} path: {why}" for path, why in compare.get("failed", {}).items()]
+    lines = [f"- benchmark, {path} path: {' '.join(why.split())}" for path, why in compare.get("failed", {}).items()]
     for op in OPS:
         bad: dict[str, list[str]] = {}
         for entry in op_rows(compare, op):
@@ -395,7 +437,8 @@ def benchmark_failures(compare: Any) -> list[str]:
 
 
 def failures(out: Path) -> list[str]:
-    """The "What failed or hung" section: each tests/gpu pass, each diag-*.txt, the benchmark."""
+    """The "What failed or hung" section: each tests/gpu pass, each diag-*.txt, every other part that ended
+    badly, the benchmark."""
     lines = []
     logs = [(out / f"pytest-{n}.txt", f"pass {n}", "no log (did not run)") for n in (1, 2)]
     logs += [(path, path.name, "did not run") for path in sorted(out.glob("diag-*.txt"))]
@@ -408,6 +451,7 @@ def failures(out: Path) -> list[str]:
         where = f" ({log.name})" if what.startswith("pass") else ""
         lines.append(f"- {what}{where}: " + ("" if found else "nothing failed or hung"))
         lines += found
+    lines += other_parts(out)
     lines += benchmark_failures(load_json(out / "compare.json"))
     return [line.rstrip() for line in lines]
 

@@ -19,9 +19,11 @@ EXCEPTION = re.compile(r"^(?:E\s+|\[rank(\d+)\]:\s*|\[[^\]]*\]<\w+>:\s*)?"
 #: Any other line that says "error" (a C program's own words, as ucc_perftest's), but an MPI launcher's notices.
 ERROR_WORD = re.compile(r"error", re.IGNORECASE)
 LAUNCHER_NOTICE = re.compile(r"ORTE_ERROR_LOG|PRTE_ERROR_LOG|errorcode|help message|error messages|MPI_ABORT")
-#: faulthandler's dump of one thread's stack: a header, then its frames, innermost first.
-STACK_HEADER = re.compile(r"^(?:\[[^\]]*\]\S*:\s*)?(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):")
-FRAME = re.compile(r'^(?:\[[^\]]*\]\S*:\s*)?\s+File "([^"]+)", line (\d+) in (\S+)')
+#: faulthandler's dump of one thread's stack: a header, then its frames, innermost first. Whole lines only:
+#: processes that print at once interleave their dumps mid-line, and a garbled line names no frame.
+STACK_HEADER = re.compile(
+    r"^(?:\[[^\]]*\]\S*:\s*)?(Current thread|Thread) 0x[0-9a-f]+ [^()]*\(most recent call first\):$")
+FRAME = re.compile(r'^(?:\[[^\]]*\]\S*:\s*)?\s+File "([^"]+)", line (\d+) in ([^\s"]+)$')
 DETAIL_CHARS = 200
 
 

@@ -295,22 +295,28 @@ run)
   within 30 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
   cp "$work"/pytest-*.txt "$out/" 2>/dev/null
   python3 tests/gpu/targets.py "$work" >"$out/targets.md"  # reads the pytest and diag-* logs' HUNG and FAIL lines
+  why() {  # a part without results: the error its log names (tests/ended.py), not the launcher's last words
+    [ -f "$1" ] || { echo "no log: it did not run"; return 0; }
+    python3 -c 'import sys; sys.path.insert(0, "tests"); from ended import error_that_ended as e
+print(e(open(sys.argv[1], errors="replace").read()) or "no error named")' "$1"
+    grep "^acceptance:" "$1" | tail -n 2
+  }
   {
     echo; echo "## Targets"; cat "$out/targets.md"
     for mode in oop inplace oop-nocache; do
       echo; echo "## ucc_perftest allreduce on CUDA memory, $mode (count, bytes, avg/min/max us)"; echo '```'
-      grep -E "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || tail -n 5 "$work/perftest-$mode.txt"
+      grep -E "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || why "$work/perftest-$mode.txt"
       echo '```'
     done
     echo; echo "## Every path (benchmarks/cuda_allreduce.py --compare)"; cat "$work/compare.log"
     for stages in stages mps-stages; do
       [ -f "$work/$stages.txt" ] || continue
       echo; echo "## Where a UCC all-reduce's time goes, us ($stages.txt: benchmarks/cuda_call_stages.py)"
-      grep -E "^\|" "$work/$stages.txt" || tail -n 5 "$work/$stages.txt"
+      grep -E "^\|" "$work/$stages.txt" || why "$work/$stages.txt"
     done
     if [ -f "$work/mps-start.txt" ]; then
       echo; echo "## With MPS on"; echo '```'; cat "$work/mps-start.txt"
-      grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || tail -n 5 "$work/mps-perftest-oop.txt"
+      grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || why "$work/mps-perftest-oop.txt"
       echo '```'; cat "$work/mps-compare.log" 2>/dev/null
     fi
     shown="^(OK|FAIL|FAILED|HUNG) |Timed out|uncaught|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post"

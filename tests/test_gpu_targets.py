@@ -365,7 +365,7 @@ def test_tests_gpu_rows_and_what_failed_or_hung(tmp_path):
     assert "- diag-stream.txt:\n  - the rank program:\n    - FAIL rank=0 the_compute_stream_runs: AssertionError: " \
            "the host waited" in failed, failed
     assert "- diag-nccl-alone.txt: nothing failed or hung" in failed
-    assert "- diag-late.txt: did not run" in failed
+    assert "- diag-late.txt: did not run (no time left)" in failed
     assert f"{ITEM.format('staged')}:" not in failed
 
 

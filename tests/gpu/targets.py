@@ -445,7 +445,7 @@ def failures(out: Path) -> list[str]:
     for path, what, missing in logs:
         log = read_log(path)
         if log is None or log.skipped:
-            lines.append(f"- {what}: {missing}")
+            lines.append(f"- {what}: {missing if log is None else 'did not run (no time left)'}")
             continue
         found = log_failures(log)
         where = f" ({log.name})" if what.startswith("pass") else ""

@@ -1,10 +1,11 @@
-"""The GPU acceptance command's half that runs here (tests/gpu/acceptance.sh prepare), and its code compiling.
+"""The GPU acceptance command (tests/gpu/acceptance.sh): its half that runs here, and its other half rehearsed.
 
 The GPU machine cannot download anything: ``prepare`` must assemble, on this
 machine, the wheels ``run`` installs there, and the UCC source ``run`` builds
 there (the shared autogen'd tarball, where found) with a libucx-cu13 wheel,
 within what the device tool carries. The GPU-only files must at least compile
-here, where nothing runs them.
+here, where nothing runs them. ``run`` itself runs here without a GPU: each
+part's limit, and its report naming what failed.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp
 def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
     # acceptance.sh's `within`: the H100's first run hung in one part and lost every later one.
     text = SCRIPT.read_text()
-    within = text[text.index("  native_stacks() {"):text.index("  python3 -m pip install -q --no-index --find-links")]
+    within = text[text.index("  native_stacks() {"):text.index("  install=${ACCEPTANCE_INSTALL")]
     program = tmp_path / "hangs.py"
     program.write_text(
         "import faulthandler, signal, subprocess, sys, time\n"
@@ -141,3 +142,34 @@ def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"HUNG rank=0 waits_forever after 1 s; top frame: {program}:9 in waits_forever" in proc.stdout, proc.stdout
     assert "most recent call first" in proc.stderr, proc.stderr
+
+
+def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
+    # The half that runs on the GPU machine, rehearsed as CI can (docs/ucc-cuda.md, "Rehearsed on the CPU"):
+    # without UCC (the staged path alone) and installing nothing. Every CUDA part fails at once here; the run
+    # must still end with its five files, and targets.md must name each part's cause. The first such rehearsal
+    # (2026-12-04) found it saying "nothing failed or hung" of crashed parts.
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    out = tmp_path / "out"
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("UCC_", "HPCCOMM_"))}
+    env.update(OUT=str(out), ACCEPTANCE_INSTALL="0", ACCEPTANCE_BUDGET_S="200", CUDA_VISIBLE_DEVICES="",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    proc = subprocess.run(["bash", str(SCRIPT), "run", str(bundle)], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]  # both test passes: all skipped
+    assert sorted(path.name for path in out.iterdir()) == ["pytest-1.txt", "pytest-2.txt", "raw.tar.gz", "report.md",
+                                                           "targets.md"]
+    report = (out / "report.md").read_text()
+    assert report.startswith("# GPU acceptance ") and "paths staged; UCC none" in report, report[:2000]
+    assert "of a 200 s budget" in report, report[-2000:]
+    table, failed = (out / "targets.md").read_text().split("## What failed or hung")
+    verdicts = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines() if line.startswith("| ")][1:]
+    assert len(verdicts) == 12 and set(verdicts) == {"not measured"}, table
+    # Each part that used CUDA ended on torch's error, named with its rank; none of them "nothing failed".
+    assert failed.count("nothing failed or hung") == 2, failed  # the test passes, whose GPU tests skipped
+    for part in ("- floor-1.md: exit status 1: rank 0: ", "- floor-2.md: exit status 1: rank ",
+                 "- benchmark, staged path: exit 1 before its first cell: rank "):
+        line = next((line for line in failed.splitlines() if line.startswith(part)), None)
+        assert line and "Error: " in line, failed
+    assert "MPI_ABORT" not in failed and "help message" not in failed, failed

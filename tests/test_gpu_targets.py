@@ -10,9 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -438,6 +435,8 @@ acceptance: exit status 124 after 210 s
 
 
 def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_frame(tmp_path):
+    # Open MPI 5's prterun ends its abort notice with a NUL byte, which the run's exit note then follows.
+    floor_2 = CRASHED.replace("rank 0", "rank 1").replace("acceptance: exit", "\0acceptance: exit")
     collection_error = ("==================================== ERRORS ====================================\n"
                         "E   ModuleNotFoundError: No module named 'hpccomm'\n"
                         "=========================== short test summary info ============================\n"
@@ -445,7 +444,7 @@ def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_f
                         "acceptance: exit status 2 after 9 s\n")
     write_run(tmp_path, logs={"pytest-1.txt": collection_error, "pytest-2.txt": all_passed(),
                               "diag-stream.txt": CRASHED, "perftest-oop.txt": PERFTEST_FAILED,
-                              "stages.txt": STOPPED, "floor-2.md": CRASHED.replace("rank 0", "rank 1"),
+                              "stages.txt": STOPPED, "floor-2.md": floor_2,
                               "mps-compare.log": "acceptance: out of time (budget 380 s), skipped: python3\n",
                               "ucc-trace.txt": "CL_BASIC TL_UCP\nacceptance: exit status 0 after 300 s\n",
                               "compare-staged.log": CRASHED.replace("acceptance: exit status 1 after 35 s\n", "")})
@@ -487,17 +486,3 @@ def test_the_error_that_ended_a_program_comes_before_the_launchers_words_and_the
                "  File \"m.py\", line 2 in <module>\n")
     assert ended.stack_top(threads) == "m.py:9 in main"
 
-
-@pytest.mark.one_environment  # the same under every torch release and MPI: CI's first step only (.ci/run)
-def test_a_benchmark_job_that_fails_is_named_by_its_error_in_both_reports(tmp_path):
-    # A real job that fails: CUDA tensors where no GPU is seen (in the CPU rehearsal of the acceptance run,
-    # 2026-12-04, every job's reason was the tail of Open MPI's abort notice, cut mid-word).
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "cuda_allreduce.py"), "--compare", "-n", "2",
-                           "--paths", "staged", "--ops", "broadcast", "--sizes", "4", "--rounds", "1", "--iters", "1",
-                           "--job-timeout", "90", "--budget-s", "120", "--json", str(tmp_path / "compare.json")],
-                          capture_output=True, text=True, timeout=180, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    why = json.loads((tmp_path / "compare.json").read_text())["failed"]["staged"]
-    assert why.startswith("exit 1 before its first cell: rank ") and "Error: " in why and "\n" not in why, why
-    assert "MPI_ABORT" not in why and "help message" not in why, why
-    assert f"- benchmark, staged path: {why}" in section(targets.table(tmp_path))

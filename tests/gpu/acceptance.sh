@@ -43,7 +43,8 @@
 #   5. with MPS on, where the machine has nvidia-cuda-mps-control: ucc_perftest and the paths again;
 #   6. tests/gpu, second pass; 7. the staging floor at one rank (with a cProfile), the team layer of each
 #      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
-# ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5.
+# ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5;
+# ACCEPTANCE_INSTALL=0 installs nothing (hpccomm, cffi and pytest as they are: CI's rehearsal, without a GPU).
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
 # per target, every ratio from this run, every check that failed or hung with its top frame, and every other
 # part that failed, hung or had no time left, with the error its output names or its top frame), report.md
@@ -147,8 +148,9 @@ run)
     echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
     return $rc
   }
-  python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest >"$work/install.log" 2>&1 \
-    || { cat "$work/install.log"; exit 1; }
+  install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm, cffi and pytest as installed here (tests/test_gpu_acceptance.py)
+  [ "$install" = 0 ] || python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest \
+    >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
   paths="staged"
@@ -183,7 +185,7 @@ run)
       export UCC_CL_BASIC_TLS=^nccl
     fi
   fi
-  python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$work/install.log" 2>&1 \
+  [ "$install" = 0 ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
   if [ "$(python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
@@ -299,24 +301,25 @@ run)
     [ -f "$1" ] || { echo "no log: it did not run"; return 0; }
     python3 -c 'import sys; sys.path.insert(0, "tests"); from ended import error_that_ended as e
 print(e(open(sys.argv[1], errors="replace").read()) or "no error named")' "$1"
-    grep "^acceptance:" "$1" | tail -n 2
+    grep -a "acceptance:" "$1" | tail -n 2
   }
+  # grep -a throughout: Open MPI 5's prterun ends its abort notice with a NUL byte, which makes grep call a log binary.
   {
     echo; echo "## Targets"; cat "$out/targets.md"
     for mode in oop inplace oop-nocache; do
       echo; echo "## ucc_perftest allreduce on CUDA memory, $mode (count, bytes, avg/min/max us)"; echo '```'
-      grep -E "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || why "$work/perftest-$mode.txt"
+      grep -aE "^ +[0-9]+ +[0-9]+ " "$work/perftest-$mode.txt" || why "$work/perftest-$mode.txt"
       echo '```'
     done
     echo; echo "## Every path (benchmarks/cuda_allreduce.py --compare)"; cat "$work/compare.log"
     for stages in stages mps-stages; do
       [ -f "$work/$stages.txt" ] || continue
       echo; echo "## Where a UCC all-reduce's time goes, us ($stages.txt: benchmarks/cuda_call_stages.py)"
-      grep -E "^\|" "$work/$stages.txt" || why "$work/$stages.txt"
+      grep -aE "^\|" "$work/$stages.txt" || why "$work/$stages.txt"
     done
     if [ -f "$work/mps-start.txt" ]; then
       echo; echo "## With MPS on"; echo '```'; cat "$work/mps-start.txt"
-      grep -E "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || why "$work/mps-perftest-oop.txt"
+      grep -aE "^ +[0-9]+ +[0-9]+ " "$work/mps-perftest-oop.txt" || why "$work/mps-perftest-oop.txt"
       echo '```'; cat "$work/mps-compare.log" 2>/dev/null
     fi
     shown="^(OK|FAIL|FAILED|HUNG) |Timed out|uncaught|acceptance:|CL_BASIC|TL_[A-Z]+|Duplicate GPU|executor|triggered_post"
@@ -324,7 +327,7 @@ print(e(open(sys.argv[1], errors="replace").read()) or "no error named")' "$1"
     for diag in "$work"/diag-*.txt; do
       [ -f "$diag" ] || continue
       echo; echo "## $(basename "$diag")"; echo '```'
-      grep -E "$shown|$frames" "$diag" \
+      grep -aE "$shown|$frames" "$diag" \
         | sed -E "s/^\[[0-9.]+\] \[[^]]*\] *//; s/^#[0-9]+ +0x[0-9a-f]+ in /in /" | sort | uniq -c | sort -rn | head -40
       echo '```'
     done
@@ -332,7 +335,7 @@ print(e(open(sys.argv[1], errors="replace").read()) or "no error named")' "$1"
     for trace in ucc-trace ucc-trace-nccl; do
       [ -f "$work/$trace.txt" ] || continue
       echo; echo "## Team layers ($trace: UCC_COLL_TRACE)"; echo '```'
-      grep -ohE "(CL|TL)_[A-Z]+[^;,]*|Duplicate GPU|NOT_SUPPORTED|acceptance: exit status [0-9]+" "$work/$trace.txt" \
+      grep -aohE "(CL|TL)_[A-Z]+[^;,]*|Duplicate GPU|NOT_SUPPORTED|acceptance: exit status [0-9]+" "$work/$trace.txt" \
         | sort | uniq -c
       echo '```'
     done

@@ -60,7 +60,7 @@ LIMIT_NOTE = re.compile(r"still running at the (\d+) s limit")
 PART_LIMIT_NOTE = re.compile(r"acceptance: HUNG: still running at its (\d+) s limit")
 PART_SKIPPED = "acceptance: out of time"
 #: acceptance.sh's last line in every part's log.
-EXIT_NOTE = re.compile(r"^acceptance: exit status (\d+) after")
+EXIT_NOTE = re.compile(r"acceptance: exit status (\d+) after")
 #: What may precede a marker that starts its line: pytest's ``E``, a launcher's tag, spaces.
 LINE_START = re.compile(r"(E\b)?\s*(\[[^\]]*\]<\w+>:)?\s*")
 
@@ -156,7 +156,7 @@ class Log:
 def read_log(path: Path) -> Log | None:
     """Parse one log (pytest -v or a rank program's); None if it is missing."""
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_text(errors="replace").replace("\0", "")  # Open MPI 5's prterun ends a notice with a NUL
     except OSError:
         return None
     log = Log(path.name, PART_SKIPPED in text)
@@ -166,7 +166,7 @@ def read_log(path: Path) -> Log | None:
     for line in text.splitlines():
         if note := PART_LIMIT_NOTE.search(line):
             log.part_limit = note[1]
-        if note := EXIT_NOTE.match(line):
+        if note := EXIT_NOTE.search(line):
             log.exit_status = int(note[1])
         if header := HEADER_LINE.match(line):
             name = re.sub(r"^ERROR at \w+ of ", "", header[1])

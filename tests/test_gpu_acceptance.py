@@ -117,8 +117,8 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
         "a process the part started outlived it"
     assert (tmp_path / "quick.txt").read_text().startswith("quick\n")
     # targets.md names the part by its limit and where its main thread stood, read from these real stacks. The
-    # two processes print at once, and their dumps often interleave mid-line (7 of 20 runs here): then it names
-    # no frame rather than a wrong one.
+    # two processes print at once, and their dumps may interleave mid-line (7 of 19 runs of one loop here, 2 of 60
+    # of another): then it names no frame rather than a wrong one.
     spec = importlib.util.spec_from_file_location("targets", REPO / "tests" / "gpu" / "targets.py")
     targets = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(targets)

@@ -27,8 +27,9 @@ FRAME = re.compile(r'^(?:\[[^\]]*\]\S*:\s*)?\s+File "([^"]+)", line (\d+) in ([^
 DETAIL_CHARS = 200
 
 
-def _short(text: str) -> str:
-    text = text.strip()
+def one_line(text: str) -> str:
+    """``text`` on one line (its whitespace folded), at most :data:`DETAIL_CHARS` characters."""
+    text = " ".join(text.split())
     return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
 
 
@@ -42,13 +43,13 @@ def error_that_ended(output: str) -> str | None:
     lines = output.splitlines()
     for line in lines:
         if found := UNCAUGHT.search(line):
-            return _short(f"rank {found[1]}: {found[2]}")
+            return one_line(f"rank {found[1]}: {found[2]}")
     for line in lines:
         if found := EXCEPTION.match(line.strip()):
-            return _short(f"rank {found[1]}: {found[2]}" if found[1] else found[2])
+            return one_line(f"rank {found[1]}: {found[2]}" if found[1] else found[2])
     for line in lines:
         if ERROR_WORD.search(line) and not LAUNCHER_NOTICE.search(line):
-            return _short(line)
+            return one_line(line)
     return None
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for ended.py (this file runs as a script)
-from ended import DETAIL_CHARS, error_that_ended, stack_top  # noqa: E402
+from ended import error_that_ended, one_line, stack_top  # noqa: E402
 
 MIB = 1 << 20
 #: The benchmark's collectives (benchmarks/cuda_allreduce.py OPS; tests/test_gpu_targets.py keeps them equal).
@@ -197,9 +197,8 @@ def read_log(path: Path) -> Log | None:
 
 
 def _clean(text: str) -> str:
-    """A marker's tail as one line: cut where a repr's escaped newline starts, at most DETAIL_CHARS."""
-    text = text.split("\\n")[0].rstrip("'\" ")
-    return text if len(text) <= DETAIL_CHARS else text[:DETAIL_CHARS - 3] + "..."
+    """A marker's tail as one line: cut where a repr's escaped newline starts (then ended.one_line)."""
+    return one_line(text.split("\\n")[0].rstrip("'\" "))
 
 
 def markers(lines: list[str]) -> list[str]:
@@ -425,7 +424,7 @@ def benchmark_failures(compare: Any) -> list[str]:
     """The benchmark's jobs that failed or hung (and where), and its cells with wrong values or errors."""
     if not compare:
         return ["- benchmark (compare.json): no results (did not run, or ended before its first job)"]
-    lines = [f"- benchmark, {path} path: {' '.join(why.split())}" for path, why in compare.get("failed", {}).items()]
+    lines = [f"- benchmark, {path} path: {one_line(why)}" for path, why in compare.get("failed", {}).items()]
     for op in OPS:
         bad: dict[str, list[str]] = {}
         for entry in op_rows(compare, op):

@@ -353,7 +353,7 @@ def test_ucc_settings_the_choices_need_are_set_before_ucc_starts_unless_the_user
 
 
 class ScriptedLib:
-    """The binding's ``lib`` as Request polls it: statuses from a script (UCC's values)."""
+    """The binding's ``lib`` as Request initialises and polls it: statuses from a script (UCC's values)."""
 
     UCC_OK, UCC_INPROGRESS, UCC_OPERATION_INITIALIZED = 0, 1, 2
 
@@ -361,23 +361,29 @@ class ScriptedLib:
         self.statuses = iter(statuses)
         self.polls = 0
 
+    def hpccomm_ucc_init(self, team: object, args: object, cell: list[object]) -> int:
+        cell[0] = object()  # the request's handle
+        return self.UCC_OK
+
     def hpccomm_ucc_poll(self, context: object, handle: object) -> int:
         self.polls += 1
         return next(self.statuses)
 
 
 def scripted_request(lib: ScriptedLib):
-    """A posted hpccomm.ucc.Request whose polls read ``lib``'s script (the real one: tests/ranks/ucc_binding.py)."""
+    """An hpccomm.ucc.Request, initialised, whose polls read ``lib``'s script (the real: tests/ranks/ucc_binding.py).
+
+    Its ``live`` set (its team's) holds it until it ends.
+    """
     from types import SimpleNamespace
 
     from hpccomm.ucc import Request
 
-    request = object.__new__(Request)
-    team = SimpleNamespace(live=set(), binding=None)
-    request._team, request._handle, request._keep, request._lib = team, object(), torch.zeros(1), lib
-    request._lock, request._context = threading.Lock(), None
-    request.status = lib.UCC_OPERATION_INITIALIZED
-    team.live.add(request)
+    binding = SimpleNamespace(lib=lib, ffi=SimpleNamespace(new=lambda kind: [None]))
+    context = SimpleNamespace(binding=binding, lock=threading.Lock(), handle=None)
+    live: set[object] = set()
+    request = Request(context, object(), live, None, torch.zeros(1), post=False)
+    assert live == {request} and request.status == lib.UCC_OPERATION_INITIALIZED
     return request
 
 
@@ -393,7 +399,7 @@ def test_a_triggered_request_is_in_progress_while_ucc_reports_it_initialized():
         assert not pending.test(), "done while UCC still reported the request initialized or in progress"
     assert request.status == lib.UCC_OPERATION_INITIALIZED or request.status == lib.UCC_INPROGRESS
     assert not pending.test(), "done before its local steps landed on the side stream"  # the request ended
-    assert request.status == lib.UCC_OK and request._keep is None and not request._team.live
+    assert request.status == lib.UCC_OK and request._keep is None and not request._live
     device.release(device.side)
     assert pending.test()
     pending.finish()  # UCC_OK: no error

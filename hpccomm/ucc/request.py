@@ -17,41 +17,55 @@ and after a triggered post until the stream has reached it, then
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .context import Context
 from .errors import UCCError, check, describe
-
-if TYPE_CHECKING:
-    from .team import Team
 
 
 class Request:
-    """One posted collective on a team. Made by :meth:`Team.post`.
+    """One posted collective on a team. Made by :meth:`~hpccomm.ucc.team.Team.post`.
+
+    Args:
+        context: the team's context (its binding, lock and handle).
+        team: the team's ``ucc_team_h``.
+        live: the team's requests that have not ended: this one is in it
+            until it ends.
+        args: a filled ``ucc_coll_args_t *``.
+        keep: what UCC reads or writes until the request ends.
+        post: False initialises only.
+
+    Raises:
+        UCCError: UCC refused the collective; nothing is left posted.
 
     Attributes:
         status: positive (UCC_OPERATION_INITIALIZED, UCC_INPROGRESS) until
             the request ends, then UCC_OK or an error status.
     """
 
-    __slots__ = ("_team", "_handle", "_keep", "status", "_lib", "_lock", "_context")
+    __slots__ = ("_binding", "_live", "_handle", "_keep", "status", "_lib", "_lock", "_context")
 
-    def __init__(self, team: Team, args: Any, keep: Any, post: bool = True) -> None:
-        binding = team.binding
+    def __init__(
+        self, context: Context, team: Any, live: set[Request], args: Any, keep: Any, post: bool = True
+    ) -> None:
+        binding = context.binding
         lib = binding.lib
         cell = binding.ffi.new("ucc_coll_req_h *")
-        with team.context.lock:
+        with context.lock:
             if post:
-                status = lib.hpccomm_ucc_start(team.handle, args, cell)
+                status = lib.hpccomm_ucc_start(team, args, cell)
             else:
-                status = lib.hpccomm_ucc_init(team.handle, args, cell)
+                status = lib.hpccomm_ucc_init(team, args, cell)
         check(binding, status, "ucc_collective_init/post" if post else "ucc_collective_init")
-        self._team = team
+        self._binding = binding
+        self._live = live
         self._handle = cell[0]
         self._keep = keep
         self._lib = lib
-        self._lock = team.context.lock
-        self._context = team.context.handle
+        self._lock = context.lock
+        self._context = context.handle
         self.status = lib.UCC_INPROGRESS if post else lib.UCC_OPERATION_INITIALIZED
+        live.add(self)
 
     def post(self) -> None:
         """Post a request made with ``post=False``.
@@ -83,8 +97,8 @@ class Request:
         self.status = status
         self._handle = None
         self._keep = None
-        self._team.live.discard(self)
-        raise UCCError(status, f"{call}: {describe(self._team.binding, status)}")
+        self._live.discard(self)
+        raise UCCError(status, f"{call}: {describe(self._binding, status)}")
 
     def test(self) -> bool:
         """Progress once; True once the request has ended (successfully or not).
@@ -102,7 +116,7 @@ class Request:
         self.status = status
         self._handle = None
         self._keep = None
-        self._team.live.discard(self)
+        self._live.discard(self)
         return True
 
     def result(self, what: str = "collective") -> None:
@@ -114,4 +128,4 @@ class Request:
         if self.status != self._lib.UCC_OK:
             if self.status > 0:
                 raise RuntimeError(f"{what}: the UCC request has not ended")
-            raise UCCError(self.status, f"{what}: {describe(self._team.binding, self.status)}")
+            raise UCCError(self.status, f"{what}: {describe(self._binding, self.status)}")

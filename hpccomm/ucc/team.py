@@ -109,9 +109,7 @@ class Team:
         Raises:
             UCCError: UCC refused the collective; nothing is left posted.
         """
-        request = Request(self, args, keep, post)
-        self.live.add(request)
-        return request
+        return Request(self.context, self.handle, self.live, args, keep, post)
 
     def execution_engine(self, cuda_stream: int) -> Any:
         """A UCC execution engine on a CUDA stream, for triggered posts (:meth:`Request.post_on`).

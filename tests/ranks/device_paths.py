@@ -385,10 +385,11 @@ class FirstUseAllocations:
         self.request_class, self.init, self.post = Request, Request.__init__, Request.post
         original_init, original_post = self.init, self.post
 
-        def allocating_init(request: Request, team, args, keep, post: bool = True) -> None:  # type: ignore[no-untyped-def]
+        def allocating_init(request: Request, context, team, live, args, keep,  # type: ignore[no-untyped-def]
+                            post: bool = True) -> None:
             if post:
                 self._first_use(keep, "init")
-            original_init(request, team, args, keep, post)
+            original_init(request, context, team, live, args, keep, post)
 
         def allocating_post(request: Request) -> None:
             self._first_use(request._keep, "post")

@@ -48,7 +48,9 @@ class StageStamps:
 
     Use as a context manager; :meth:`call` marks each call's start and
     :meth:`returned` its return. Only the first post and the first end within a
-    call count (one request per all-reduce).
+    call count (one request per all-reduce). Also read by
+    tests/gpu/ranks/cuda_ops.py, whose failure messages name when the latest
+    call's stages happened (:meth:`ms_since_call`, :meth:`stages_ms`).
     """
 
     def __init__(self) -> None:
@@ -81,6 +83,15 @@ class StageStamps:
 
     def returned(self) -> None:
         self.calls[-1]["returned"] = time.perf_counter()
+
+    def ms_since_call(self) -> float:
+        """Milliseconds from the latest call's start until now."""
+        return (time.perf_counter() - self.calls[-1]["called"]) * 1e3
+
+    def stages_ms(self) -> dict[str, float]:
+        """The latest call's stamps (``posted``, ``ended``, ``returned``: those it has), in ms since its start."""
+        call = self.calls[-1]
+        return {stamp: round((at - call["called"]) * 1e3, 3) for stamp, at in call.items() if stamp != "called"}
 
 
 def stage_us(calls: list[dict[str, float]]) -> dict[str, float | None]:

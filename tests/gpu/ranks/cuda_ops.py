@@ -15,10 +15,12 @@ from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ranks"))  # tests/ranks: rankcheck, expected
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))  # cuda_call_stages: StageStamps
 
 import hpccomm  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from cuda_call_stages import StageStamps  # noqa: E402
 from expected import ALL, combine, inputs, same, torch_op, valid_ops  # noqa: E402
 from rankcheck import check, expect_error, run_all  # noqa: E402
 
@@ -159,52 +161,21 @@ def tensors_dropped_after_an_async_call_still_get_right_results() -> None:
         assert bool((value == sum(k + i for k in range(SIZE))).all()), (i, value[:4])
 
 
-class StageClock:
-    """When an operation's stages happened on the host-gated UCC path, in ms since ``start`` (for a failure's message).
-
-    ``posted``: UCC's post (the caller's stream reached the gate); ``ended``: UCC's
-    request ended and the local steps were queued. Other paths leave them out.
-    """
-
-    def __init__(self) -> None:
-        from hpccomm.transports.ucc import UCCPending
-        from hpccomm.transports.ucc_cuda import GatedPost
-
-        self.start = time.monotonic()
-        self.stages: dict[str, float] = {}
-        self._patched = [(GatedPost, "post"), (UCCPending, "finish")]
-        self._saved = [getattr(cls, name) for cls, name in self._patched]
-        for (cls, name), original in zip(self._patched, self._saved):
-            setattr(cls, name, self._timed("posted" if name == "post" else "ended", original))
-
-    def _timed(self, stage: str, original):  # type: ignore[no-untyped-def]
-        def timed(*args, **kwargs):  # type: ignore[no-untyped-def]
-            self.stages.setdefault(stage, self.now())
-            return original(*args, **kwargs)
-
-        return timed
-
-    def now(self) -> float:
-        return (time.monotonic() - self.start) * 1e3
-
-    def close(self) -> None:
-        for (cls, name), original in zip(self._patched, self._saved):
-            setattr(cls, name, original)
-
-
 @check
 def the_compute_stream_runs_while_the_collective_does() -> None:
     # On an H100 (UCC path) work.wait() returned only after a kernel the caller queued after the
     # call. Timed stage by stage, on the default (legacy) stream and on a stream of the caller's own,
-    # so that a failure names the stage that waited for the kernel.
+    # so that a failure names the stage that waited for the kernel: on the host-gated UCC path, "posted"
+    # (UCC's post: the caller's stream reached the gate) and "ended" (UCC's request ended and the local
+    # steps were queued), in ms since the call; other paths have neither.
     late = []
     for name, stream in (("default stream", torch.cuda.default_stream(DEVICE)),
                          ("a stream of the caller's", torch.cuda.Stream(device=DEVICE))):
         with torch.cuda.stream(stream):
             t = torch.ones(1 << 20, device=DEVICE)
             stream.synchronize()
-            clock = StageClock()
-            try:
+            with StageStamps() as stamps:
+                stamps.call()
                 work = dist.all_reduce(t, async_op=True)
                 torch.cuda._sleep(1_000_000_000)  # about 0.5 s: far beyond the collective
                 slept = torch.cuda.Event()
@@ -213,16 +184,14 @@ def the_compute_stream_runs_while_the_collective_does() -> None:
                 while completed is None:  # polled: is_completed() drives the work as wait() would
                     kernel_done = slept.query()  # before the work's poll: a late kernel is never missed
                     if work.is_completed():
-                        completed = clock.now()
+                        completed = stamps.ms_since_call()
                     if kernel_done and kernel_ended is None:
-                        kernel_ended = clock.now()
+                        kernel_ended = stamps.ms_since_call()
                     time.sleep(0.0005)
                 work.wait()
-            finally:
-                clock.close()
             if kernel_ended is not None:
                 late.append(f"{name}: the work completed {completed:.0f} ms after the call, the kernel queued after "
-                            f"it ended at {kernel_ended:.0f} ms; stages {clock.stages}")
+                            f"it ended at {kernel_ended:.0f} ms; stages {stamps.stages_ms()}")
             stream.synchronize()
             assert bool((t == SIZE).all()), (name, t[:4])
     assert not late, "the host waited for the compute stream: " + " | ".join(late)

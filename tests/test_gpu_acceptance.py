@@ -6,7 +6,8 @@ there (the shared autogen'd tarball, where found) with a libucx-cu13 wheel,
 within what the device tool carries. The GPU-only files must at least compile
 here, where nothing runs them, the GPU checks' imports must run, and each of
 the run's diagnoses must select one of them. ``run`` itself runs here without
-a GPU: each part's limit, and its report naming what failed.
+a GPU, without UCC and with hpccomm's UCC for host memory: each part's limit,
+and its report naming what failed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hpccomm.ucc import binding
+from transports import needs_ucc
 
 # Its result is the same under every torch release and MPI: CI runs it in its first step only (.ci/run).
 pytestmark = pytest.mark.one_environment
@@ -189,36 +192,97 @@ def test_a_selection_that_names_no_check_fails_and_says_so(tmp_path):
     assert "FAIL rank=0 renamed: no check's name contains 'renamed'" in proc.stdout, proc.stdout
 
 
-def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
-    # The half that runs on the GPU machine, rehearsed as CI can (docs/ucc-cuda.md, "Rehearsed on the CPU"):
-    # without UCC (the staged path alone) and installing nothing. Every CUDA part fails at once here; the run
-    # must still end with its five files, and targets.md must name each part's cause. The first such rehearsal
-    # (2026-12-04) found it saying "nothing failed or hung" of crashed parts.
+#: Errors that name a slip of our own scripts, never a missing GPU (a full rehearsal with UCC found cuda_ops.py
+#: importing a misspelt name, 2026-12-05).
+SLIPS = ("ImportError", "ModuleNotFoundError", "NameError", "AttributeError", "SyntaxError", "TypeError")
+
+
+def rehearse(tmp_path: Path, budget_s: int, **settings: str) -> tuple[subprocess.CompletedProcess, str, str]:
+    """``run`` here, without a GPU, installing nothing, with the caller's UCC and hpccomm settings left out (but
+    ``UCC_HOME`` where ``settings`` ask for the UCC installed here): the run, its report and targets.md's "What
+    failed or hung" section, once the checks that hold for any rehearsal pass: the five files are there, every
+    target reads "not measured", and no part failed on a slip of ours."""
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     out = tmp_path / "out"
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("UCC_", "HPCCOMM_"))}
-    env.update(OUT=str(out), ACCEPTANCE_INSTALL="0", ACCEPTANCE_BUDGET_S="200", CUDA_VISIBLE_DEVICES="",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    proc = subprocess.run(["bash", str(SCRIPT), "run", str(bundle)], capture_output=True, text=True, timeout=300,
-                          env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]  # both test passes: all skipped
+    keep = "UCC_HOME" if "ACCEPTANCE_UCC" in settings else None
+    env = {key: value for key, value in os.environ.items() if key == keep or not key.startswith(("UCC_", "HPCCOMM_"))}
+    env.update(OUT=str(out), ACCEPTANCE_INSTALL="0", ACCEPTANCE_BUDGET_S=str(budget_s), CUDA_VISIBLE_DEVICES="",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **settings)
+    # The budget bounds the parts; what follows them (targets.md, the report, the tarball) takes seconds.
+    proc = subprocess.run(["bash", str(SCRIPT), "run", str(bundle)], capture_output=True, text=True,
+                          timeout=budget_s + 120, env=env, cwd=REPO)
     assert sorted(path.name for path in out.iterdir()) == ["pytest-1.txt", "pytest-2.txt", "raw.tar.gz", "report.md",
-                                                           "targets.md"]
+                                                           "targets.md"], proc.stdout[-4000:] + proc.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert report.startswith("# GPU acceptance ") and "paths staged; UCC none" in report, report[:2000]
-    assert "of a 200 s budget" in report, report[-2000:]
+    assert report.startswith("# GPU acceptance ") and f"of a {budget_s} s budget" in report, report[-2000:]
     table, failed = (out / "targets.md").read_text().split("## What failed or hung")
     verdicts = [line.rsplit("|", 2)[-2].strip() for line in table.splitlines() if line.startswith("| ")][1:]
     assert len(verdicts) == 12 and set(verdicts) == {"not measured"}, table
-    # Each part that used CUDA ended on torch's error, named with its rank; none of them "nothing failed".
-    assert failed.count("nothing failed or hung") == 2, failed  # the test passes, whose GPU tests skipped
-    for part in ("- floor-1.md: exit status 1: rank 0: ", "- floor-2.md: exit status 1: rank ",
-                 "- benchmark, staged path: exit 1 before its first cell: rank "):
-        line = next((line for line in failed.splitlines() if line.startswith(part)), None)
-        assert line and "Error: " in line, failed
     assert "MPI_ABORT" not in failed and "help message" not in failed, failed
-    # Each failed for want of a GPU, none on a slip of our own scripts (a full rehearsal with UCC found
-    # cuda_ops.py importing a misspelt name, 2026-12-05).
-    slips = ("ImportError", "ModuleNotFoundError", "NameError", "AttributeError", "SyntaxError", "TypeError")
-    assert not [line for line in failed.splitlines() if any(slip in line for slip in slips)], failed
+    assert not [line for line in failed.splitlines() if any(slip in line for slip in SLIPS)], failed
+    return proc, report, failed
+
+
+def assert_named_by_cause(failed: str, paths: tuple[str, ...]) -> None:
+    """Each staging floor and the benchmark on each path ended on torch's error, named with its rank."""
+    parts = ("- floor-1.md: exit status 1: rank 0: ", "- floor-2.md: exit status 1: rank ",
+             *(f"- benchmark, {path} path: exit 1 before its first cell: rank " for path in paths))
+    for part in parts:
+        line = next((line for line in failed.splitlines() if line.startswith(part)), None)
+        assert line and "Error: " in line, (part, failed)
+
+
+@needs_ucc
+def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
+    # The half that runs on the GPU machine, rehearsed as CI can (docs/ucc-cuda.md, "Rehearsed on the CPU"),
+    # installing nothing, with the UCC parts on hpccomm's UCC binding as installed here, for host memory
+    # (ACCEPTANCE_UCC=installed): the diagnoses, the stages and the team-layer traces run as on the GPU machine,
+    # each with its own settings. Every part fails at once here; the run must still end with its five files,
+    # and targets.md must name each part's cause. The first such rehearsal (2026-12-04) found it saying "nothing
+    # failed or hung" of crashed parts; a full one by hand with the prebuilt UCC found a misspelt import
+    # (2026-12-05), which until this test no CI run could have.
+    # Its parts took 65 s on a quiet 2-core machine and 99 s beside two CPU-bound processes (2026-12-05): a
+    # budget of 300 s leaves every part its time on a busy CI machine.
+    proc, report, failed = rehearse(tmp_path, 300, ACCEPTANCE_UCC="installed")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]  # both test passes: all skipped
+    assert "paths staged ucc ucc-triggered; UCC as installed here" in report, report[:2000]
+    assert failed.count("nothing failed or hung") == 2, failed  # the test passes, whose GPU tests skipped
+    # UCX's own tools run (tests/build_ucc.sh gives them back the file modes the wheel's zip dropped).
+    heading = "UCX transports and memory domains (ucx_info -d):"
+    assert heading in report, report[:3000]
+    assert "Transport:" in report.split(heading)[1].split("```")[0], report[:3000]
+    # Each part that used CUDA ended on torch's error, named with its rank; none of them "nothing failed".
+    lines = failed.splitlines()
+    for diag in ("diag-stream.txt", "diag-nccl-alone.txt", "diag-triggered.txt", "diag-triggered-noncoop.txt",
+                 "diag-triggered-noncoop-eager.txt"):
+        # A diagnosis that found nothing would read "- diag-x.txt: nothing failed or hung".
+        assert f"- {diag}:" in lines, failed
+        cause = lines[lines.index(f"- {diag}:") + 1]
+        assert cause.startswith("  - exit status 1: rank ") and "Error: " in cause, failed
+    for part in ("- stages.txt: exit status 1: rank ", "- ucc-trace.txt: exit status 1: rank ",
+                 "- ucc-trace-nccl.txt: exit status 1: rank "):
+        line = next((line for line in lines if line.startswith(part)), None)
+        assert line and "Error: " in line, failed
+    assert_named_by_cause(failed, ("staged", "ucc", "auto", "ucc-triggered"))
+
+
+def test_run_without_ucc_ends_with_each_part_named_or_skipped(tmp_path):
+    # Without UCC: the staged path alone, as on a GPU machine where the bundle's UCC neither unpacks nor builds.
+    # Where hpccomm has UCC, the test above has run every part of the staged path already, so this one, for CI's
+    # time, runs on a budget that its set-up always uses up (a part starts only with 15 s left): every part is
+    # skipped, says so and is listed as such, the run still ends with its five files, and its exit status is 1
+    # (a test pass that did not run is no pass). Without UCC it runs the staged path's parts in full.
+    full = not binding.built()
+    proc, report, failed = rehearse(tmp_path, 200 if full else 15)
+    assert "paths staged; UCC none" in report, report[:2000]
+    if full:
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]  # both test passes: all skipped
+        assert failed.count("nothing failed or hung") == 2, failed
+        assert_named_by_cause(failed, ("staged",))
+        return
+    assert proc.returncode == 1, proc.stdout[-4000:] + proc.stderr[-2000:]
+    for part in ("- pass 1: did not run (no time left)", "- pass 2: did not run (no time left)",
+                 "- compare.log: did not run (no time left)", "- floor-1.md: did not run (no time left)",
+                 "- floor-2.md: did not run (no time left)"):
+        assert part in failed, failed

@@ -45,7 +45,8 @@
 #      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
 # ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5;
 # ACCEPTANCE_INSTALL=0 installs nothing (hpccomm and the bundle's wheels as they are: CI's rehearsal, without a
-# GPU).
+# GPU); ACCEPTANCE_UCC=installed, where the bundle has no UCC or its UCC neither unpacks nor builds, runs the UCC
+# parts on hpccomm's UCC binding as installed here (CI's rehearsal of the diagnoses, on a UCC for host memory).
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
 # per target, every ratio from this run, every check that failed or hung with its top frame, and every other
 # part that failed, hung or had no time left, with the error its output names or its top frame), report.md
@@ -150,6 +151,11 @@ run)
     echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
     return $rc
   }
+  probe() {  # python3 ARGS, at most 60 s (a torch, MPI or UCC load can hang), seeing hpccomm as the parts' programs
+    # do: the installed one. Without PYTHONSAFEPATH, `python3 -c` and `-m` import this checkout's sources first,
+    # which a non-editable install (CI's rehearsal) leaves without their compiled extensions.
+    PYTHONSAFEPATH=1 timeout 60 python3 "$@"
+  }
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
   # The set-up has limits too: a probe 60 s (torch, MPI or UCC loading), the wheels' install 120 s, hpccomm's
   # (its C extensions built) and UCC's fallback build 300 s each.
@@ -157,17 +163,17 @@ run)
     cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  gpus=$(timeout 60 python3 -c 'import torch; print(torch.cuda.device_count())')
+  gpus=$(probe -c 'import torch; print(torch.cuda.device_count())')
   gpus=${gpus:-0}
   paths="staged"
-  ucc_from=none
+  ucc_from=none ucc_env=""
   if [ -f "$bundle/ucc-prebuilt.tar.gz" ] && ls "$bundle"/ucx/libucx_cu13-*.whl >/dev/null 2>&1; then
     # Built on the CPU machine (tests/gpu/prebuild_ucc.sh) into this very path: unpacked into a clean prefix.
     rm -rf /tmp/hpccomm-ucc && mkdir -p /tmp/hpccomm-ucc/ucx
     if tar -xzf "$bundle/ucc-prebuilt.tar.gz" -C /tmp/hpccomm-ucc \
         && python3 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
         && cp /tmp/hpccomm-ucc/ucc-env.sh "$work/ucc-env.sh"; then
-      ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))"
+      ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))" ucc_env=$work/ucc-env.sh
     fi
   fi
   if [ "$ucc_from" = none ] && [ -f "$bundle/ucc-source.tar.gz" ]; then
@@ -176,16 +182,26 @@ run)
     if timeout 300 bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl \
         /tmp/hpccomm-ucc \
         >"$work/ucc-env.sh" 2>"$work/ucc-build.txt"; then
-      ucc_from="built here in $((SECONDS - started)) s"
+      ucc_from="built here in $((SECONDS - started)) s" ucc_env=$work/ucc-env.sh
     else
       echo "UCC build failed: testing the staged path alone (raw.tar.gz: ucc-build.txt)"
     fi
   fi
+  if [ "$ucc_from" = none ] && [ "${ACCEPTANCE_UCC:-}" = installed ]; then
+    # CI's rehearsal: hpccomm's UCC binding as installed here, with the caller's UCC_HOME and LD_LIBRARY_PATH.
+    if [ "$(probe -c 'import hpccomm.ucc.binding as b; print(b.built())')" = True ]; then
+      ucc_from="as installed here (UCC_HOME=${UCC_HOME:-unset})"
+    else
+      echo "ACCEPTANCE_UCC=installed, but hpccomm here has no UCC binding: testing the staged path alone"
+    fi
+  fi
   if [ "$ucc_from" != none ]; then
-    # shellcheck disable=SC1091
-    source "$work/ucc-env.sh"
+    if [ -n "$ucc_env" ]; then  # the bundle's UCC, unpacked or built here
+      # shellcheck disable=SC1090
+      source "$ucc_env"
+      chmod +x "$UCC_HOME"/ucx/libucx/bin/* "$UCC_HOME"/bin/* 2>/dev/null  # a wheel's zip keeps no file modes
+    fi
     paths="staged ucc ucc-triggered"
-    chmod +x "$UCC_HOME"/ucx/libucx/bin/* "$UCC_HOME"/bin/* 2>/dev/null  # a wheel's zip keeps no file modes
     if [ "$gpus" -lt 2 ]; then
       # Two ranks share one GPU here: NCCL refuses that ("Duplicate GPU"), and UCC falls back to tl/ucp after a
       # failed NCCL set-up. Every part runs without tl/nccl but the two that show it (diag-nccl-*, the nccl trace).
@@ -195,7 +211,7 @@ run)
   [ "$install" = 0 ] || timeout 300 python3 -m pip install -q --no-deps --no-build-isolation -e . \
     >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
-  if [ "$(timeout 60 python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
+  if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
   paths=${ACCEPTANCE_PATHS:-$paths}
@@ -207,10 +223,10 @@ run)
     echo '```'
     timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
     echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    timeout 60 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
-    timeout 60 python3 -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
-    timeout 60 python3 -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
-    timeout 60 python3 -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
+    probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+    probe -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
+    probe -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
+    probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
     echo "CUDA MPS: ${mps_control:-none on this machine (nvidia-cuda-mps-control not found)}"
     echo "The UCC environment of every part (but the two that let tl/nccl in, which say so):"
     env | grep -E '^(UCC|UCX|NCCL)_' | sort

@@ -190,6 +190,10 @@ def test_a_selection_that_names_no_check_fails_and_says_so(tmp_path):
     proc = subprocess.run([sys.executable, str(program), "renamed"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL rank=0 renamed: no check's name contains 'renamed'" in proc.stdout, proc.stdout
+    # A selection is judged by the checks, not by how many ran: repeated zero times, it runs none and passes.
+    env = {**os.environ, "RANKCHECK_REPEAT": "0"}
+    none = subprocess.run([sys.executable, str(program), "qui"], capture_output=True, text=True, timeout=60, env=env)
+    assert none.returncode == 0 and "OK rank=0 checks=0" in none.stdout, none.stdout + none.stderr
 
 
 #: Errors that name a slip of our own scripts, never a missing GPU (a full rehearsal with UCC found cuda_ops.py

@@ -6,8 +6,8 @@ there (the shared autogen'd tarball, where found) with a libucx-cu13 wheel,
 within what the device tool carries. The GPU-only files must at least compile
 here, where nothing runs them, the GPU checks' imports must run, and each of
 the run's diagnoses must select one of them. ``run`` itself runs here without
-a GPU, without UCC and with hpccomm's UCC for host memory: each part's limit,
-and its report naming what failed.
+a GPU, without UCC and with hpccomm's UCC for host memory: each part's limit
+(and each set-up step's), and its report naming what failed.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hpccomm.ucc import binding
@@ -31,11 +32,21 @@ pytestmark = pytest.mark.one_environment
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
+#: The run's limits (a part's, a set-up step's), which SCRIPT sources.
+LIMITS = REPO / "tests" / "gpu" / "limits.sh"
 #: The checks tests/gpu runs on every CUDA path, and the run's diagnoses one by one.
 GPU_CHECKS = REPO / "tests" / "gpu" / "ranks" / "cuda_ops.py"
 #: Where prepare finds a UCC source tarball when given none (as .ci/run does).
 UCC_TARBALLS = [REPO.parent / "shared" / "ucc" / "ucc-1.8.0-autogen.tar.gz",
                 Path("/work/shared/ucc/ucc-1.8.0-autogen.tar.gz")]
+
+
+def load_targets() -> Any:
+    """tests/gpu/targets.py (a script, in no package), which names each part that failed or hung in targets.md."""
+    spec = importlib.util.spec_from_file_location("targets", REPO / "tests" / "gpu" / "targets.py")
+    targets = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(targets)
+    return targets
 
 
 def test_prepare_assembles_the_bundle_the_gpu_machine_installs_from(tmp_path):
@@ -61,7 +72,7 @@ def test_the_gpu_only_code_compiles_and_the_script_parses():
                  REPO / "benchmarks" / "cuda_call_stages.py",
                  REPO / "benchmarks" / "cuda_staging_floor.py", REPO / "hpccomm" / "transports" / "device_ops.py"]:
         py_compile.compile(str(path), doraise=True)
-    for script in (SCRIPT, REPO / "tests" / "build_ucc.sh"):
+    for script in (SCRIPT, LIMITS, REPO / "tests" / "build_ucc.sh"):
         assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, script
 
 
@@ -119,9 +130,7 @@ def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp
 
 
 def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
-    # acceptance.sh's `within`: the H100's first run hung in one part and lost every later one.
-    text = SCRIPT.read_text()
-    within = text[text.index("  native_stacks() {"):text.index("  install=${ACCEPTANCE_INSTALL")]
+    # limits.sh's `within`: the H100's first run hung in one part and lost every later one.
     program = tmp_path / "hangs.py"
     program.write_text(
         "import faulthandler, signal, subprocess, sys, time\n"
@@ -132,13 +141,13 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
         "time.sleep(600)\n"
     )
     part = tmp_path / "part.txt"
-    script = (f"set +e\nstarted=$SECONDS\nbudget=60\n{within}\n"
+    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\n"
               f"within 2 {part} python3 {program}; echo rc=$?\nwithin 5 {tmp_path / 'quick.txt'} echo quick; echo rc=$?\n")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert "rc=124" in proc.stdout and "rc=0" in proc.stdout, proc.stdout + proc.stderr
     log = part.read_text()
     assert log.count("most recent call first") == 2, log  # both processes printed their stacks
-    assert "HUNG: still running at its 2 s limit" in log, log
+    assert "HUNG: still running at its 2 s limit" in log and "Killed" not in log, log  # the HUNG line says it
     if shutil.which("gdb"):  # and each process's C stack (where it sleeps): a hang inside a C library
         assert log.count("acceptance: native stack of pid") == 2 and "\n#0 " in log, log
     else:
@@ -150,11 +159,65 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
     # targets.md names the part by its limit and where its main thread stood, read from these real stacks. The
     # two processes print at once, and their dumps may interleave mid-line (7 of 19 runs of one loop here, 2 of 60
     # of another): then it names no frame rather than a wrong one.
-    spec = importlib.util.spec_from_file_location("targets", REPO / "tests" / "gpu" / "targets.py")
-    targets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(targets)
+    targets = load_targets()
     ended = "- part.txt: the part was ended at its 2 s limit"
     assert targets.other_parts(tmp_path) in ([f"{ended}; top frame: {program}:6 in <module>"], [ended]), log
+
+
+def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_path):
+    # limits.sh's `probe`, as the run's set-up uses it: its first probe asks torch how many GPUs there are, and a
+    # load that hangs there (a driver, MPI or UCC) must show where it stood and end at its limit, as a part does;
+    # until 2026-12-05 `timeout` ended it without a word. Here torch is a stand-in whose device_count sleeps 30 s.
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text(
+        "import os, sys, time\n"
+        "class cuda:\n"
+        "    @staticmethod\n"
+        "    def device_count():\n"
+        "        print('pid', os.getpid(), file=sys.stderr, flush=True)\n"
+        "        time.sleep(30)\n"
+    )
+    # What a probe sees: its arguments, and which of the working directory ('' or its path) and tests/gpu (the
+    # wrapper's folder) are on sys.path.
+    (fake / "probe_sees.py").write_text(
+        "import os, sys\n"
+        "print(sys.argv[1:], [p for p in sys.path if p in ('', os.getcwd()) or p.endswith(os.sep + 'gpu')])\n"
+    )
+    sees = "import runpy; runpy.run_module('probe_sees', run_name='__main__')"
+    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\nPROBE_S=4\n"
+              "gpus=$(probe -c 'import torch; print(torch.cuda.device_count())'); echo rc=$? gpus=$gpus.\n"
+              "probe -m probe_sees one two; echo rc=$?\n"
+              f"probe -c \"{sees}\" three; echo rc=$?\n"
+              f"python_step 10 -c \"{sees}\" four; echo rc=$?\n"
+              "budget=0; probe -m probe_sees five; echo rc=$?\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(fake)})
+    out, err = proc.stdout, proc.stderr
+    assert "rc=124 gpus=.\n" in out, out + err  # the caller reads no answer, and the status says why
+    assert "most recent call first" in err and "line 6 in device_count" in err, err  # where it stood
+    assert 'File "<string>", line 1 in <module>' in err, err
+    assert "acceptance: HUNG: still running at its 4 s limit" in err and "Killed" not in err, err
+    if shutil.which("gdb"):
+        assert "acceptance: native stack of pid" in err and "\n#0 " in err, err
+    else:
+        assert "acceptance: no gdb here" in err, err
+    assert "pid " in err, err
+    pid = int(err.split("pid ")[1].split()[0])
+    assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower(), \
+        "the hung probe outlived its limit"
+    # Otherwise a probe is python3 -m or -c, seeing neither the working directory nor its wrapper's folder
+    # (PYTHONSAFEPATH); another set-up step sees the working directory first, as python3 -c would.
+    assert "['one', 'two'] []\nrc=0\n" in out and "['three'] []\nrc=0\n" in out, out + err
+    assert "['four'] ['']\nrc=0\n" in out, out + err
+    # No probe starts once the budget is spent.
+    assert "rc=124\n" in out.split("['four']")[1] and "skipped: probe -m probe_sees five" in err, out + err
+    # The run keeps the probes' stderr in set-up.txt, which targets.md reads as a part's log: it names the hung
+    # probe by its limit and where it stood, not as a part the spent budget skipped.
+    (tmp_path / "set-up.txt").write_text(err)
+    targets = load_targets()
+    assert targets.other_parts(tmp_path) == [f"- set-up.txt: the part was ended at its 4 s limit; top frame: "
+                                             f"{fake / 'torch' / '__init__.py'}:6 in device_count"], err
 
 
 def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
@@ -228,10 +291,12 @@ def rehearse(tmp_path: Path, budget_s: int, **settings: str) -> tuple[subprocess
     return proc, report, failed
 
 
-def assert_named_by_cause(failed: str, paths: tuple[str, ...]) -> None:
-    """Each staging floor and the benchmark on each path ended on torch's error, named with its rank."""
+def assert_named_by_cause(failed: str, paths: tuple[str, ...], logs: tuple[str, ...] = ()) -> None:
+    """Each staging floor, the benchmark on each of ``paths`` and each of ``logs`` (parts' logs) ended on torch's
+    error, named with its rank."""
     parts = ("- floor-1.md: exit status 1: rank 0: ", "- floor-2.md: exit status 1: rank ",
-             *(f"- benchmark, {path} path: exit 1 before its first cell: rank " for path in paths))
+             *(f"- benchmark, {path} path: exit 1 before its first cell: rank " for path in paths),
+             *(f"- {log}: exit status 1: rank " for log in logs))
     for part in parts:
         line = next((line for line in failed.splitlines() if line.startswith(part)), None)
         assert line and "Error: " in line, (part, failed)
@@ -264,11 +329,8 @@ def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
         assert f"- {diag}:" in lines, failed
         cause = lines[lines.index(f"- {diag}:") + 1]
         assert cause.startswith("  - exit status 1: rank ") and "Error: " in cause, failed
-    for part in ("- stages.txt: exit status 1: rank ", "- ucc-trace.txt: exit status 1: rank ",
-                 "- ucc-trace-nccl.txt: exit status 1: rank "):
-        line = next((line for line in lines if line.startswith(part)), None)
-        assert line and "Error: " in line, failed
-    assert_named_by_cause(failed, ("staged", "ucc", "auto", "ucc-triggered"))
+    assert_named_by_cause(failed, ("staged", "ucc", "auto", "ucc-triggered"),
+                          logs=("stages.txt", "ucc-trace.txt", "ucc-trace-nccl.txt"))
 
 
 def test_run_without_ucc_ends_with_each_part_named_or_skipped(tmp_path):

@@ -28,7 +28,10 @@
 # ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
 # programs print every thread's stack; where gdb is, every Python process's C stacks follow), then is ended
-# with every process it started, and the run goes on:
+# with every process it started, and the run goes on (tests/gpu/limits.sh). The set-up's steps that can hang
+# have limits too, their Python ones printing their stacks through tests/gpu/with_stacks.py: a probe past its
+# limit is named in targets.md (set-up.txt) and the run goes on; an install past its limit ends the run, its
+# log (stacks included) printed. The parts, in order:
 #   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers), and out of place
 #      with UCX's memory-type cache off, as hpccomm runs UCX;
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
@@ -49,8 +52,9 @@
 # parts on hpccomm's UCC binding as installed here (CI's rehearsal of the diagnoses, on a UCC for host memory).
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
 # per target, every ratio from this run, every check that failed or hung with its top frame, and every other
-# part that failed, hung or had no time left, with the error its output names or its top frame), report.md
-# (the machine, UCC's components and environment, UCX's transports, every table above), pytest-1.txt and
+# part that failed, hung or had no time left, with the error its output names or its top frame; a set-up probe
+# past its limit too), report.md (the machine, UCC's components and environment, UCX's transports, what the
+# set-up's probes printed on stderr, every table above), pytest-1.txt and
 # pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says so in its log.
 # Exit status: that of the test passes.
 # Rehearse 'run' on the CPU before a GPU session (docs/ucc-cuda.md, "Rehearsed on the CPU"): every part fails
@@ -111,59 +115,19 @@ run)
   mkdir -p "$out"
   started=$SECONDS
   budget=${ACCEPTANCE_BUDGET_S:-380}
-  native_stacks() {  # session: every Python process's C stacks, where gdb is here (a hang inside a C library)
-    local sid=$1 pids p readers=()
-    [ -n "$sid" ] || return 0
-    if ! command -v gdb >/dev/null; then echo "acceptance: no gdb here: no native stacks"; return 0; fi
-    pids=$(pgrep -s "$sid" python)
-    for p in $pids; do
-      { echo "acceptance: native stack of pid $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80))"
-        timeout 20 gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
-      } >"/tmp/native.$p" &
-      readers+=($!)
-    done
-    [ ${#readers[@]} -eq 0 ] || wait "${readers[@]}"  # these alone: the hung part is a child of this shell too
-    for p in $pids; do cat "/tmp/native.$p"; rm -f "/tmp/native.$p"; done
-  }
-  within() {  # seconds file command...: run it into file, at most `seconds` and what is left of the budget
-    local limit=$1 file=$2 left=$((budget - (SECONDS - started))) rc sid; shift 2
-    if [ "$left" -lt 15 ]; then echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"; return 124; fi
-    [ "$limit" -le "$left" ] || limit=$left
-    # In a session of its own, so that a part past its limit is ended with every process it started (mpirun's
-    # ranks included), after SIGUSR1, on which rankcheck and the benchmarks print every thread's stack.
-    setsid bash -c 'echo $$ >"$0.sid"; exec "$@"' "$file" "$@" >"$file" 2>&1 &
-    local pid=$! deadline=$((SECONDS + limit))
-    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.5; done
-    if kill -0 "$pid" 2>/dev/null; then
-      sid=$(cat "$file.sid" 2>/dev/null)
-      [ -n "$sid" ] && pkill -USR1 -s "$sid"
-      sleep 5
-      native_stacks "$sid" >"$file.native" 2>&1
-      [ -n "$sid" ] && pkill -KILL -s "$sid"
-      wait "$pid"
-      rc=124
-      cat "$file.native" >>"$file"; rm -f "$file.native"
-      echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >>"$file"
-    else
-      wait "$pid"; rc=$?
-    fi
-    rm -f "$file.sid"
-    echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
-    return $rc
-  }
-  probe() {  # python3 ARGS, at most 60 s (a torch, MPI or UCC load can hang), seeing hpccomm as the parts' programs
-    # do: the installed one. Without PYTHONSAFEPATH, `python3 -c` and `-m` import this checkout's sources first,
-    # which a non-editable install (CI's rehearsal) leaves without their compiled extensions.
-    PYTHONSAFEPATH=1 timeout 60 python3 "$@"
-  }
+  source tests/gpu/limits.sh  # within (a part), python_step and probe (the set-up), each with its limit
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
-  # The set-up has limits too: a probe 60 s (torch, MPI or UCC loading), the wheels' install 120 s, hpccomm's
-  # (its C extensions built) and UCC's fallback build 300 s each.
-  [ "$install" = 0 ] || timeout 120 python3 -m pip install -q --no-index --find-links "$bundle/wheels" \
+  # The set-up has limits too, printing its stacks past them as the parts do: a probe 60 s (torch, MPI or UCC
+  # loading) or what is left of the budget, the wheels' install 120 s, hpccomm's (its C extensions built) and
+  # UCC's fallback build 300 s each. An install that fails or hangs ends the run with its log.
+  [ "$install" = 0 ] || python_step 120 -m pip install -q --no-index --find-links "$bundle/wheels" \
     cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  gpus=$(probe -c 'import torch; print(torch.cuda.device_count())')
+  # What the set-up's probes print on stderr (a hung one: its stacks) goes to set-up.txt, which report.md shows
+  # and targets.md reads as a part's log.
+  setup_log=$work/set-up.txt
+  gpus=$(probe -c 'import torch; print(torch.cuda.device_count())' 2>>"$setup_log")
   gpus=${gpus:-0}
   paths="staged"
   ucc_from=none ucc_env=""
@@ -171,7 +135,7 @@ run)
     # Built on the CPU machine (tests/gpu/prebuild_ucc.sh) into this very path: unpacked into a clean prefix.
     rm -rf /tmp/hpccomm-ucc && mkdir -p /tmp/hpccomm-ucc/ucx
     if tar -xzf "$bundle/ucc-prebuilt.tar.gz" -C /tmp/hpccomm-ucc \
-        && python3 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
+        && python_step 60 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx 2>>"$setup_log" \
         && cp /tmp/hpccomm-ucc/ucc-env.sh "$work/ucc-env.sh"; then
       ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))" ucc_env=$work/ucc-env.sh
     fi
@@ -179,22 +143,23 @@ run)
   if [ "$ucc_from" = none ] && [ -f "$bundle/ucc-source.tar.gz" ]; then
     # The fallback: built here (about 130-150 s), into a clean prefix (build_ucc.sh clears its own).
     rm -rf /tmp/hpccomm-ucc
-    if timeout 300 bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl \
+    if bounded 300 bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl \
         /tmp/hpccomm-ucc \
         >"$work/ucc-env.sh" 2>"$work/ucc-build.txt"; then
       ucc_from="built here in $((SECONDS - started)) s" ucc_env=$work/ucc-env.sh
     else
-      echo "UCC build failed: testing the staged path alone (raw.tar.gz: ucc-build.txt)"
+      echo "UCC build failed: $(tail -n 1 "$work/ucc-build.txt") (raw.tar.gz: ucc-build.txt)"
     fi
   fi
   if [ "$ucc_from" = none ] && [ "${ACCEPTANCE_UCC:-}" = installed ]; then
     # CI's rehearsal: hpccomm's UCC binding as installed here, with the caller's UCC_HOME and LD_LIBRARY_PATH.
-    if [ "$(probe -c 'import hpccomm.ucc.binding as b; print(b.built())')" = True ]; then
+    if [ "$(probe -c 'import hpccomm.ucc.binding as b; print(b.built())' 2>>"$setup_log")" = True ]; then
       ucc_from="as installed here (UCC_HOME=${UCC_HOME:-unset})"
     else
-      echo "ACCEPTANCE_UCC=installed, but hpccomm here has no UCC binding: testing the staged path alone"
+      echo "ACCEPTANCE_UCC=installed, but hpccomm here has no UCC binding (or its probe failed: set-up.txt)"
     fi
   fi
+  [ "$ucc_from" != none ] || echo "no UCC: testing the staged path alone"
   if [ "$ucc_from" != none ]; then
     if [ -n "$ucc_env" ]; then  # the bundle's UCC, unpacked or built here
       # shellcheck disable=SC1090
@@ -208,10 +173,11 @@ run)
       export UCC_CL_BASIC_TLS=^nccl
     fi
   fi
-  [ "$install" = 0 ] || timeout 300 python3 -m pip install -q --no-deps --no-build-isolation -e . \
+  [ "$install" = 0 ] || python_step 300 -m pip install -q --no-deps --no-build-isolation -e . \
     >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
-  if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
+  if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())' 2>>"$setup_log")" = True ]
+  then
     paths="$paths mpi"
   fi
   paths=${ACCEPTANCE_PATHS:-$paths}
@@ -223,10 +189,13 @@ run)
     echo '```'
     timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
     echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
-    probe -m hpccomm info 2>&1 | grep -E "UCC|CUDA|TRANSPORT|library"
-    probe -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
-    probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
+    # The probes' stderr to set-up.txt (shown below): a hung one's stacks reach targets.md too.
+    probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' \
+      2>>"$setup_log"
+    probe -m hpccomm info 2>>"$setup_log" | grep -E "UCC|CUDA|TRANSPORT|library"
+    probe -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")' \
+      2>>"$setup_log"
+    probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())' 2>>"$setup_log"
     echo "CUDA MPS: ${mps_control:-none on this machine (nvidia-cuda-mps-control not found)}"
     echo "The UCC environment of every part (but the two that let tl/nccl in, which say so):"
     env | grep -E '^(UCC|UCX|NCCL)_' | sort
@@ -238,6 +207,10 @@ run)
       timeout 20 "$UCC_HOME"/ucx/libucx/bin/ucx_info -d 2>&1 | grep -E "Transport:|Memory domain:" | sort | uniq -c
     fi
     echo '```'
+    if [ -s "$setup_log" ]; then  # the first 80 lines; all of it in raw.tar.gz
+      echo; echo "## The set-up's probes on stderr (set-up.txt: a probe past its limit prints its stacks)"
+      echo '```'; head -n 80 "$setup_log"; echo '```'
+    fi
   } >"$report" 2>&1
   status=0
   # In order of worth, each bounded by what is left of the budget: UCC's own numbers and the paths against each

@@ -18,7 +18,8 @@ rank programs reported (tests/ranks/rankcheck.py: ``FAIL rank=<r> <check>:
 tests/launch.py's ``still running at the <n> s limit`` and the acceptance
 run's own limit on a whole part; the same for each ``diag-*.txt``; every other
 part that failed, hung or had no time left (``ucc_perftest``, the stages, the
-floors, the traces: any log with the run's ``acceptance: exit status`` note); and
+floors, the traces: any log with the run's ``acceptance: exit status`` note; and
+``set-up.txt``, where a set-up probe past its limit left its stacks); and
 the benchmark's jobs that failed or gave wrong values. A part that ended badly
 without a rank naming a check is named by the error its output gives, or by the
 top frame of its main thread's stack (tests/ended.py). Runs anywhere (no
@@ -164,7 +165,7 @@ def read_log(path: Path) -> Log | None:
     started: list[str] = []
     section: list[str] | None = None
     for line in text.splitlines():
-        if note := PART_LIMIT_NOTE.search(line):
+        if (note := PART_LIMIT_NOTE.search(line)) and not log.part_limit:  # set-up.txt: its first hung probe's
             log.part_limit = note[1]
         if note := EXIT_NOTE.search(line):
             log.exit_status = int(note[1])
@@ -404,8 +405,9 @@ def ended_badly(log: Log) -> str | None:
 
 
 def other_parts(out: Path) -> list[str]:
-    """Every other part (a log with the run's exit note: ucc_perftest, the stages, the floors, the traces, MPS)
-    that had no time left, was ended past its limit or exited non-zero."""
+    """Every other part (a log with the run's exit note: ucc_perftest, the stages, the floors, the traces, MPS;
+    and set-up.txt, the set-up's probes) that was ended past its limit, exited non-zero or had no time left
+    (in that order: a probe past its limit can spend the budget that the later probes then lack)."""
     lines = []
     for path in sorted(out.glob("*")):
         if path.suffix not in (".txt", ".md", ".log") or path.name.startswith(("pytest-", "diag-")):
@@ -413,10 +415,10 @@ def other_parts(out: Path) -> list[str]:
         log = read_log(path)
         if log is None:
             continue
-        if log.skipped:
-            lines.append(f"- {path.name}: did not run (no time left)")
-        elif fate := ended_badly(log):
+        if fate := ended_badly(log):
             lines.append(f"- {path.name}: {fate}")
+        elif log.skipped:
+            lines.append(f"- {path.name}: did not run (no time left)")
     return lines
 
 

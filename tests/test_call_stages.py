@@ -9,19 +9,15 @@ CPU tensors (``--device cpu``), where no path has those stages.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from launch import run_ranks
+from scripts import REPO, load_script
 from test_device_gated import Gated
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARK = REPO / "benchmarks" / "cuda_call_stages.py"
-_spec = importlib.util.spec_from_file_location("cuda_call_stages", BENCHMARK)
-stages = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(stages)
+stages = load_script(BENCHMARK)
 
 
 def test_each_call_is_stamped_where_the_host_gated_path_posts_and_its_request_ends():

@@ -9,11 +9,11 @@ one CI runs. They read files only: no MPI, no MkDocs.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from scripts import REPO, load_script
+
 DOCS = REPO / "docs"
 VARIABLE = re.compile(r"HPCCOMM_[A-Z0-9_]*[A-Z0-9]")
 #: Where hpccomm reads environment variables: the package, the launcher, torch's start-up hook, the Slurm templates.
@@ -23,10 +23,7 @@ CI_MARKERS = ("<!-- ci: run -->", "<!-- ci: test command -->")
 
 
 def _config_table_hook():
-    spec = importlib.util.spec_from_file_location("config_table", DOCS / "hooks" / "config_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(DOCS / "hooks" / "config_table.py")
 
 
 def _names_in(paths: list[Path]) -> set[str]:

@@ -13,7 +13,6 @@ a GPU, without UCC and with hpccomm's UCC for host memory: each part's limit
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import py_compile
 import re
@@ -21,32 +20,25 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hpccomm.ucc import binding
+from scripts import REPO, load_script
 from transports import needs_ucc
 
 # Its result is the same under every torch release and MPI: CI runs it in its first step only (.ci/run).
 pytestmark = pytest.mark.one_environment
 
-REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "gpu" / "acceptance.sh"
 #: The run's limits (a part's, a set-up step's), which SCRIPT sources.
 LIMITS = REPO / "tests" / "gpu" / "limits.sh"
 #: The checks tests/gpu runs on every CUDA path, and the run's diagnoses one by one.
 GPU_CHECKS = REPO / "tests" / "gpu" / "ranks" / "cuda_ops.py"
+#: What names each part that failed or hung in targets.md (a script, in no package: load_script).
+TARGETS = REPO / "tests" / "gpu" / "targets.py"
 #: Where prepare finds a UCC source tarball when given none (as .ci/run does).
 UCC_TARBALLS = [REPO.parent / "shared" / "ucc" / "ucc-1.8.0-autogen.tar.gz",
                 Path("/work/shared/ucc/ucc-1.8.0-autogen.tar.gz")]
-
-
-def load_targets() -> Any:
-    """tests/gpu/targets.py (a script, in no package), which names each part that failed or hung in targets.md."""
-    spec = importlib.util.spec_from_file_location("targets", REPO / "tests" / "gpu" / "targets.py")
-    targets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(targets)
-    return targets
 
 
 def test_prepare_assembles_the_bundle_the_gpu_machine_installs_from(tmp_path):
@@ -159,7 +151,7 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
     # targets.md names the part by its limit and where its main thread stood, read from these real stacks. The
     # two processes print at once, and their dumps may interleave mid-line (7 of 19 runs of one loop here, 2 of 60
     # of another): then it names no frame rather than a wrong one.
-    targets = load_targets()
+    targets = load_script(TARGETS)
     ended = "- part.txt: the part was ended at its 2 s limit"
     assert targets.other_parts(tmp_path) in ([f"{ended}; top frame: {program}:6 in <module>"], [ended]), log
 
@@ -215,7 +207,7 @@ def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_pa
     # The run keeps the probes' stderr in set-up.txt, which targets.md reads as a part's log: it names the hung
     # probe by its limit and where it stood, not as a part the spent budget skipped.
     (tmp_path / "set-up.txt").write_text(err)
-    targets = load_targets()
+    targets = load_script(TARGETS)
     assert targets.other_parts(tmp_path) == [f"- set-up.txt: the part was ended at its 4 s limit; top frame: "
                                              f"{fake / 'torch' / '__init__.py'}:6 in device_count"], err
 

@@ -8,28 +8,20 @@ logs are written in those programs' formats, and each test makes a verdict go on
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scripts import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 SIZES = [4, 65536, MIB, 2 * MIB, 4 * MIB, 16 * MIB, 64 * MIB]
 ITEM = "tests/gpu/test_cuda.py::test_cuda_tensors_on_two_ranks[{}]"
 INFO = "tests/gpu/test_cuda.py::test_info_names_the_route_for_cuda_tensors[{}]"
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load("cuda_allreduce", REPO / "benchmarks" / "cuda_allreduce.py")
-targets = _load("targets", REPO / "tests" / "gpu" / "targets.py")
+bench = load_script(REPO / "benchmarks" / "cuda_allreduce.py")
+targets = load_script(REPO / "tests" / "gpu" / "targets.py")
 
 
 # Invented timings (us per call) by message bytes: staged wins small, UCC large, Gloo far behind at 64 MiB.
@@ -469,7 +461,7 @@ def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_f
 
 
 def test_the_error_that_ended_a_program_comes_before_the_launchers_words_and_the_main_threads_frame_first():
-    ended = _load("ended", REPO / "tests" / "ended.py")
+    ended = load_script(REPO / "tests" / "ended.py")
     # Without hpccomm's line: the first exception a traceback ends with (a chained one prints its cause first).
     chained = ("Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
                "hpccomm.errors.CommTimeoutError: hpccomm all_reduce #5 timed out\n\nDuring handling of the above "

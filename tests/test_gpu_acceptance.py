@@ -177,39 +177,59 @@ def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_pa
         "print(sys.argv[1:], [p for p in sys.path if p in ('', os.getcwd()) or p.endswith(os.sep + 'gpu')])\n"
     )
     sees = "import runpy; runpy.run_module('probe_sees', run_name='__main__')"
-    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\nPROBE_S=4\n"
+    setup_log = tmp_path / "set-up.txt"
+    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\nPROBE_S=4\nsetup_log={setup_log}\n"
               "gpus=$(probe -c 'import torch; print(torch.cuda.device_count())'); echo rc=$? gpus=$gpus.\n"
               "probe -m probe_sees one two; echo rc=$?\n"
               f"probe -c \"{sees}\" three; echo rc=$?\n"
               f"python_step 10 -c \"{sees}\" four; echo rc=$?\n"
+              "probe -c 'import sys; sys.stderr.write(\"no newline\")'; echo rc=$?\n"
+              "probe -c 'import no_ucc_here'; echo rc=$?\n"
+              "setup_log= probe -m probe_sees six 2>>stderr.txt; echo rc=$?\n"
               "budget=0; probe -m probe_sees five; echo rc=$?\n")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(fake)})
-    out, err = proc.stdout, proc.stderr
-    assert "rc=124 gpus=.\n" in out, out + err  # the caller reads no answer, and the status says why
-    assert "most recent call first" in err and "line 6 in device_count" in err, err  # where it stood
-    assert 'File "<string>", line 1 in <module>' in err, err
-    assert "acceptance: HUNG: still running at its 4 s limit" in err and "Killed" not in err, err
+    out, err, setup = proc.stdout, proc.stderr, setup_log.read_text()
+    assert "rc=124 gpus=.\n" in out, out + err + setup  # the caller reads no answer, and the status says why
+    # The probes' stderr went to set-up.txt, each probe's under a line naming it, none of it to the caller's.
+    assert setup.startswith("acceptance: set-up: python3 -c import torch; print(torch.cuda.device_count())\n"), setup
+    assert "HUNG" not in err and "Traceback" not in err, err
+    assert "most recent call first" in setup and "line 6 in device_count" in setup, setup  # where it stood
+    assert 'File "<string>", line 1 in <module>' in setup, setup
+    assert "acceptance: HUNG: still running at its 4 s limit" in setup and "Killed" not in setup + err, setup
     if shutil.which("gdb"):
-        assert "acceptance: native stack of pid" in err and "\n#0 " in err, err
+        assert "acceptance: native stack of pid" in setup and "\n#0 " in setup, setup
     else:
-        assert "acceptance: no gdb here" in err, err
-    assert "pid " in err, err
-    pid = int(err.split("pid ")[1].split()[0])
+        assert "acceptance: no gdb here" in setup, setup
+    assert "pid " in setup, setup
+    pid = int(setup.split("pid ")[1].split()[0])
     assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower(), \
         "the hung probe outlived its limit"
     # Otherwise a probe is python3 -m or -c, seeing neither the working directory nor its wrapper's folder
     # (PYTHONSAFEPATH); another set-up step sees the working directory first, as python3 -c would.
     assert "['one', 'two'] []\nrc=0\n" in out and "['three'] []\nrc=0\n" in out, out + err
     assert "['four'] ['']\nrc=0\n" in out, out + err
-    # No probe starts once the budget is spent.
-    assert "rc=124\n" in out.split("['four']")[1] and "skipped: probe -m probe_sees five" in err, out + err
-    # The run keeps the probes' stderr in set-up.txt, which targets.md reads as a part's log: it names the hung
-    # probe by its limit and where it stood, not as a part the spent budget skipped.
-    (tmp_path / "set-up.txt").write_text(err)
+    assert "acceptance: set-up: python3 -m probe_sees one two\n" in setup, setup
+    # Each step's lines start on a line of their own, whatever the step before left; where no set-up.txt is set,
+    # a step's lines go where stderr goes, which the caller may append to.
+    assert "no newline\nacceptance: set-up: python3 -c import no_ucc_here\n" in setup, setup
+    assert (tmp_path / "stderr.txt").read_text() == "acceptance: set-up: python3 -m probe_sees six\n", setup
+    assert "['six'] []\nrc=0\n" in out and "six" not in setup, out + setup
+    # A probe that fails says so in its part of the log; none starts once the budget is spent.
+    assert "No module named 'no_ucc_here'\nacceptance: exit status 1 after" in setup and "rc=1\n" in out, \
+        out + setup
+    assert out.endswith("rc=124\n"), out + setup
+    assert setup.endswith("acceptance: set-up: python3 -m probe_sees five\nacceptance: out of time (budget 0 s), "
+                          "skipped\n"), setup
+    # targets.md reads set-up.txt step by step: it names each step that hung (by its limit and where it stood),
+    # failed (by its error) or had no time left, by its command; the steps that ended well not at all.
     targets = load_script(TARGETS)
-    assert targets.other_parts(tmp_path) == [f"- set-up.txt: the part was ended at its 4 s limit; top frame: "
-                                             f"{fake / 'torch' / '__init__.py'}:6 in device_count"], err
+    assert targets.other_parts(tmp_path) == [
+        f"- set-up.txt, `python3 -c import torch; print(torch.cuda.device_count())`: the step was ended at its 4 s "
+        f"limit; top frame: {fake / 'torch' / '__init__.py'}:6 in device_count",
+        "- set-up.txt, `python3 -c import no_ucc_here`: exit status 1: ModuleNotFoundError: No module named "
+        "'no_ucc_here'",
+        "- set-up.txt, `python3 -m probe_sees five`: did not run (no time left)"], setup
 
 
 def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):

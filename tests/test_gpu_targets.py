@@ -460,6 +460,39 @@ def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_f
     assert "- benchmark, ucc path: exit 1 before its first cell: cesses --- x" in failed
 
 
+def test_every_set_up_step_that_hung_failed_or_had_no_time_is_named_by_its_command(tmp_path):
+    # Where torch's CUDA set-up hangs, every probe that loads torch does: set-up.txt then holds several hangs, each
+    # under its step's line (limits.sh's setup_step), and each is named with its own top frame, not the first's.
+    def hung(code: str, line: int, where: str, limit: int) -> str:
+        return (f"acceptance: set-up: python3 -c {code}\n"
+                f"Current thread 0x00007f0000000001 (most recent call first):\n"
+                f'  File "/venv/torch/cuda/__init__.py", line {line} in {where}\n  File "<string>", line 1 in <module>\n'
+                f"acceptance: HUNG: still running at its {limit} s limit (stacks above, where the program prints them)\n"
+                f"acceptance: exit status 124 after {limit + 20} s\n")
+    # A step that ended well may leave a line without its end (here a NUL, as Open MPI 5's notices end): the next
+    # step's line is still its own.
+    setup = (hung("import torch; print(torch.cuda.device_count())", 1026, "device_count", 60)
+             + "acceptance: set-up: python3 -m zipfile -e /b/ucx/libucx_cu13-1.20.0.whl /tmp/hpccomm-ucc/ucx\n"
+             + "warning: a line on stderr from a step that ended well\0"
+             + hung("from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())", 372, "_lazy_init", 44)
+             + "acceptance: set-up: python3 -c import torch; print(\"torch\", torch.__version__, \"cuda\", "
+               "torch.version.cuda, \"gpus\", torch.cuda.device_count())\n"
+             + "acceptance: out of time (budget 380 s), skipped\n")
+    write_run(tmp_path, logs={"set-up.txt": setup})
+    assert targets.other_parts(tmp_path) == [
+        "- set-up.txt, `python3 -c import torch; print(torch.cuda.device_count())`: the step was ended at its 60 s "
+        "limit; top frame: /venv/torch/cuda/__init__.py:1026 in device_count",
+        "- set-up.txt, `python3 -c from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())`: the "
+        "step was ended at its 44 s limit; top frame: /venv/torch/cuda/__init__.py:372 in _lazy_init",
+        "- set-up.txt, `python3 -c import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, "
+        "\"gpus\", to...`: did not run (no time left)"]
+    assert "- set-up.txt, `python3 -c import torch; print(torch.cuda.device_count())`" in section(targets.table(tmp_path))
+    # Lines before any step's (none of the run's writes them) are named as such.
+    write_run(tmp_path, logs={"set-up.txt": "Traceback (most recent call last):\nOSError: disk full\n"
+                                            "acceptance: exit status 1 after 3 s\nacceptance: set-up: python3 -c x\n"})
+    assert targets.other_parts(tmp_path) == ["- set-up.txt, before its first step: exit status 1: OSError: disk full"]
+
+
 def test_the_error_that_ended_a_program_comes_before_the_launchers_words_and_the_main_threads_frame_first():
     ended = load_script(REPO / "tests" / "ended.py")
     # Without hpccomm's line: the first exception a traceback ends with (a chained one prints its cause first).

@@ -52,8 +52,8 @@
 # parts on hpccomm's UCC binding as installed here (CI's rehearsal of the diagnoses, on a UCC for host memory).
 # Into $OUT (default ./gpu-out), five files: targets.md (tests/gpu/targets.py: PASS, SHORT or "not measured"
 # per target, every ratio from this run, every check that failed or hung with its top frame, and every other
-# part that failed, hung or had no time left, with the error its output names or its top frame; a set-up probe
-# past its limit too), report.md (the machine, UCC's components and environment, UCX's transports, what the
+# part that failed, hung or had no time left, with the error its output names or its top frame; each set-up
+# step in Python too), report.md (the machine, UCC's components and environment, UCX's transports, what the
 # set-up's probes printed on stderr, every table above), pytest-1.txt and
 # pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says so in its log.
 # Exit status: that of the test passes.
@@ -115,7 +115,7 @@ run)
   mkdir -p "$out"
   started=$SECONDS
   budget=${ACCEPTANCE_BUDGET_S:-380}
-  source tests/gpu/limits.sh  # within (a part), python_step and probe (the set-up), each with its limit
+  source tests/gpu/limits.sh  # within (a part); python_step, setup_step and probe (the set-up): each a limit
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
   # The set-up has limits too, printing its stacks past them as the parts do: a probe 60 s (torch, MPI or UCC
   # loading) or what is left of the budget, the wheels' install 120 s, hpccomm's (its C extensions built) and
@@ -124,10 +124,10 @@ run)
     cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  # What the set-up's probes print on stderr (a hung one: its stacks) goes to set-up.txt, which report.md shows
-  # and targets.md reads as a part's log.
+  # Each Python step of the set-up (probes, the UCX wheel's unzip) writes its stderr to set-up.txt under a line
+  # naming it (limits.sh's setup_step; a hung one: its stacks), which report.md shows and targets.md reads.
   setup_log=$work/set-up.txt
-  gpus=$(probe -c 'import torch; print(torch.cuda.device_count())' 2>>"$setup_log")
+  gpus=$(probe -c 'import torch; print(torch.cuda.device_count())')
   gpus=${gpus:-0}
   paths="staged"
   ucc_from=none ucc_env=""
@@ -135,7 +135,7 @@ run)
     # Built on the CPU machine (tests/gpu/prebuild_ucc.sh) into this very path: unpacked into a clean prefix.
     rm -rf /tmp/hpccomm-ucc && mkdir -p /tmp/hpccomm-ucc/ucx
     if tar -xzf "$bundle/ucc-prebuilt.tar.gz" -C /tmp/hpccomm-ucc \
-        && python_step 60 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx 2>>"$setup_log" \
+        && setup_step 60 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
         && cp /tmp/hpccomm-ucc/ucc-env.sh "$work/ucc-env.sh"; then
       ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))" ucc_env=$work/ucc-env.sh
     fi
@@ -153,7 +153,7 @@ run)
   fi
   if [ "$ucc_from" = none ] && [ "${ACCEPTANCE_UCC:-}" = installed ]; then
     # CI's rehearsal: hpccomm's UCC binding as installed here, with the caller's UCC_HOME and LD_LIBRARY_PATH.
-    if [ "$(probe -c 'import hpccomm.ucc.binding as b; print(b.built())' 2>>"$setup_log")" = True ]; then
+    if [ "$(probe -c 'import hpccomm.ucc.binding as b; print(b.built())')" = True ]; then
       ucc_from="as installed here (UCC_HOME=${UCC_HOME:-unset})"
     else
       echo "ACCEPTANCE_UCC=installed, but hpccomm here has no UCC binding (or its probe failed: set-up.txt)"
@@ -176,8 +176,7 @@ run)
   [ "$install" = 0 ] || python_step 300 -m pip install -q --no-deps --no-build-isolation -e . \
     >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
-  if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())' 2>>"$setup_log")" = True ]
-  then
+  if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
   paths=${ACCEPTANCE_PATHS:-$paths}
@@ -189,13 +188,11 @@ run)
     echo '```'
     timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
     echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
-    # The probes' stderr to set-up.txt (shown below): a hung one's stacks reach targets.md too.
-    probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())' \
-      2>>"$setup_log"
-    probe -m hpccomm info 2>>"$setup_log" | grep -E "UCC|CUDA|TRANSPORT|library"
-    probe -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")' \
-      2>>"$setup_log"
-    probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())' 2>>"$setup_log"
+    # The probes' stderr goes to set-up.txt (shown below): a hung one's stacks reach targets.md too.
+    probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+    probe -m hpccomm info | grep -E "UCC|CUDA|TRANSPORT|library"
+    probe -c 'import hpccomm.ucc.binding as b; print("UCC:", b.status()); print("UCC on CUDA memory:", b.cuda_support() or "yes")'
+    probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print("CUDA-aware MPI:", cuda_aware())'
     echo "CUDA MPS: ${mps_control:-none on this machine (nvidia-cuda-mps-control not found)}"
     echo "The UCC environment of every part (but the two that let tl/nccl in, which say so):"
     env | grep -E '^(UCC|UCX|NCCL)_' | sort
@@ -208,7 +205,7 @@ run)
     fi
     echo '```'
     if [ -s "$setup_log" ]; then  # the first 80 lines; all of it in raw.tar.gz
-      echo; echo "## The set-up's probes on stderr (set-up.txt: a probe past its limit prints its stacks)"
+      echo; echo "## The set-up's Python steps and their stderr (set-up.txt: a step past its limit prints its stacks)"
       echo '```'; head -n 80 "$setup_log"; echo '```'
     fi
   } >"$report" 2>&1

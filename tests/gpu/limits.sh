@@ -70,12 +70,42 @@ python_step() {  # seconds python3-arguments...: a set-up step in Python (-c COD
   bounded "$limit" python3 "$limits_dir/with_stacks.py" "$@"
 }
 
-probe() {  # python3 ARGS (-c or -m), at most $PROBE_S and what is left of the budget (where torch's CUDA set-up
-  # hangs, every probe that asks torch for a GPU does), seeing hpccomm as the parts' programs do: the installed
-  # one. Without PYTHONSAFEPATH, `python3 -c` and `-m` import this checkout's sources first, which a non-editable
-  # install (CI's rehearsal) leaves without their compiled extensions. Like a part, it starts only with 15 s
-  # left: with less, loading torch alone could outlast it, and a probe ended that early would read as a hang.
-  local left=$((budget - (SECONDS - started)))
-  if [ "$left" -lt 15 ]; then echo "acceptance: out of time (budget ${budget} s), skipped: probe $*" >&2; return 124; fi
-  PYTHONSAFEPATH=1 python_step $((left < PROBE_S ? left : PROBE_S)) "$@"
+setup_step() {  # seconds python3-arguments...: python_step, its stderr into $setup_log (the run's set-up.txt;
+  # stderr where none is set) after a line naming it, and a line with its exit status where that is not 0, so
+  # that targets.py reads each step there as a part's log and names every one that hung or failed.
+  local limit=$1 log rc; shift
+  setup_log_open log
+  echo "acceptance: set-up: python3 $*" >&"$log"
+  python_step "$limit" "$@" 2>&"$log"
+  rc=$?
+  [ "$rc" = 0 ] || echo "acceptance: exit status $rc after $((SECONDS - ${started:-0})) s" >&"$log"
+  exec {log}>&-
+  return $rc
+}
+
+setup_log_open() {  # variable: a new descriptor, in that variable, onto $setup_log (appended to, each step's
+  # lines on a line of their own) or, where none is set, onto stderr as it is
+  if [ -n "${setup_log:-}" ]; then
+    # A step's stderr that ended without a newline would glue the next step's line onto its last.
+    [ ! -s "$setup_log" ] || [ "$(tail -c 1 "$setup_log" | wc -l)" = 1 ] || echo >>"$setup_log"
+    eval "exec {$1}>>\"\$setup_log\""  # eval: bash takes {name} only as written
+  else
+    eval "exec {$1}>&2"
+  fi
+}
+
+probe() {  # python3 ARGS (-c or -m): a set-up step at most $PROBE_S and what is left of the budget (where
+  # torch's CUDA set-up hangs, every probe that asks torch for a GPU does), seeing hpccomm as the parts' programs
+  # do: the installed one. Without PYTHONSAFEPATH, `python3 -c` and `-m` import this checkout's sources first,
+  # which a non-editable install (CI's rehearsal) leaves without their compiled extensions. Like a part, it
+  # starts only with 15 s left: with less, loading torch alone could outlast it, and a probe ended that early
+  # would read as a hang.
+  local left=$((budget - (SECONDS - started))) log
+  if [ "$left" -lt 15 ]; then
+    setup_log_open log
+    printf 'acceptance: set-up: python3 %s\nacceptance: out of time (budget %s s), skipped\n' "$*" "$budget" >&"$log"
+    exec {log}>&-
+    return 124
+  fi
+  PYTHONSAFEPATH=1 setup_step $((left < PROBE_S ? left : PROBE_S)) "$@"
 }

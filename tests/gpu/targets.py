@@ -19,7 +19,8 @@ tests/launch.py's ``still running at the <n> s limit`` and the acceptance
 run's own limit on a whole part; the same for each ``diag-*.txt``; every other
 part that failed, hung or had no time left (``ucc_perftest``, the stages, the
 floors, the traces: any log with the run's ``acceptance: exit status`` note; and
-``set-up.txt``, where a set-up probe past its limit left its stacks); and
+each step of the set-up in ``set-up.txt``, the probes and the UCX wheel's
+unzip, one past its limit with its stacks); and
 the benchmark's jobs that failed or gave wrong values. A part that ended badly
 without a rank naming a check is named by the error its output gives, or by the
 top frame of its main thread's stack (tests/ended.py). Runs anywhere (no
@@ -60,8 +61,11 @@ HUNG_MARK = re.compile(r"(?:(?<![A-Za-z_])|(?<=\\n))HUNG rank=(\d+) (\S+) after 
 LIMIT_NOTE = re.compile(r"still running at the (\d+) s limit")
 PART_LIMIT_NOTE = re.compile(r"acceptance: HUNG: still running at its (\d+) s limit")
 PART_SKIPPED = "acceptance: out of time"
-#: acceptance.sh's last line in every part's log.
+#: acceptance.sh's last line in every part's log (in set-up.txt, in a step's that did not exit 0).
 EXIT_NOTE = re.compile(r"acceptance: exit status (\d+) after")
+#: The set-up's Python steps' log, and the line that starts each step's part of it (limits.sh's setup_step).
+SETUP_LOG = "set-up.txt"
+SETUP_STEP = re.compile(r"^acceptance: set-up: (.*)(?:\n|\Z)", re.MULTILINE)
 #: What may precede a marker that starts its line: pytest's ``E``, a launcher's tag, spaces.
 LINE_START = re.compile(r"(E\b)?\s*(\[[^\]]*\]<\w+>:)?\s*")
 
@@ -154,18 +158,29 @@ class Log:
         self.text = ""
 
 
-def read_log(path: Path) -> Log | None:
-    """Parse one log (pytest -v or a rank program's); None if it is missing."""
+def read_text(path: Path, nul: str = "") -> str | None:
+    """A log's text, each NUL byte (Open MPI 5's prterun ends a notice with one) replaced by ``nul``; None if it
+    is missing."""
     try:
-        text = path.read_text(errors="replace").replace("\0", "")  # Open MPI 5's prterun ends a notice with a NUL
+        return path.read_text(errors="replace").replace("\0", nul)
     except OSError:
         return None
-    log = Log(path.name, PART_SKIPPED in text)
+
+
+def read_log(path: Path) -> Log | None:
+    """Parse one log (pytest -v or a rank program's); None if it is missing."""
+    text = read_text(path)
+    return None if text is None else parse_log(path.name, text)
+
+
+def parse_log(name: str, text: str) -> Log:
+    """Parse one log's text (pytest -v or a rank program's, or a set-up step's), ``name`` naming it."""
+    log = Log(name, PART_SKIPPED in text)
     log.text = text
     started: list[str] = []
     section: list[str] | None = None
     for line in text.splitlines():
-        if (note := PART_LIMIT_NOTE.search(line)) and not log.part_limit:  # set-up.txt: its first hung probe's
+        if note := PART_LIMIT_NOTE.search(line):
             log.part_limit = note[1]
         if note := EXIT_NOTE.search(line):
             log.exit_status = int(note[1])
@@ -393,24 +408,51 @@ def log_failures(log: Log) -> list[str]:
     return lines
 
 
-def ended_badly(log: Log) -> str | None:
-    """How a part ended, where it ended badly: past its limit (with the top frame of its main thread's stack),
-    or with a non-zero exit status (with the error its output names); None where it exited 0."""
+def ended_badly(log: Log, what: str = "the part") -> str | None:
+    """How a part (or ``what``) ended, where it ended badly: past its limit (with the top frame of its main
+    thread's stack), or with a non-zero exit status (with the error its output names); None where it exited 0."""
     if log.part_limit:
         top = stack_top(log.text)
-        return f"the part was ended at its {log.part_limit} s limit" + (f"; top frame: {top}" if top else "")
+        return f"{what} was ended at its {log.part_limit} s limit" + (f"; top frame: {top}" if top else "")
     if log.exit_status:
         return f"exit status {log.exit_status}: {error_that_ended(log.text) or 'its output names no error'}"
     return None
 
 
+def setup_steps(text: str) -> list[tuple[str, Log]]:
+    """set-up.txt by step: each step's command (``python3 -c ...``; "" for lines before the first step's) and
+    its part of the log, parsed."""
+    pieces = SETUP_STEP.split(text)  # what came before any step's line, then each step's command and its lines
+    steps = [("", pieces[0])] if pieces[0].strip() else []
+    steps += zip(pieces[1::2], pieces[2::2])
+    return [(command, parse_log(SETUP_LOG, lines)) for command, lines in steps]
+
+
+def setup_failures(path: Path) -> list[str]:
+    """Every step of the set-up in set-up.txt (the probes, the UCX wheel's unzip) that was ended past its limit,
+    exited non-zero or had no time left, each named by its command: where torch's CUDA set-up hangs, every probe
+    that loads torch does."""
+    lines = []
+    for command, log in setup_steps(read_text(path, nul="\n") or ""):  # a NUL ends a line: a step's may follow
+        name = command if len(command) <= 100 else command[:97] + "..."
+        where = f"`{name.replace('`', chr(39))}`" if command else "before its first step"
+        if fate := ended_badly(log, "the step"):
+            lines.append(f"- {SETUP_LOG}, {where}: {fate}")
+        elif log.skipped:
+            lines.append(f"- {SETUP_LOG}, {where}: did not run (no time left)")
+    return lines
+
+
 def other_parts(out: Path) -> list[str]:
     """Every other part (a log with the run's exit note: ucc_perftest, the stages, the floors, the traces, MPS;
-    and set-up.txt, the set-up's probes) that was ended past its limit, exited non-zero or had no time left
-    (in that order: a probe past its limit can spend the budget that the later probes then lack)."""
+    and each step in set-up.txt) that was ended past its limit, exited non-zero or had no time left (in that
+    order: a part past its limit can spend the budget that a later one then lacks)."""
     lines = []
     for path in sorted(out.glob("*")):
         if path.suffix not in (".txt", ".md", ".log") or path.name.startswith(("pytest-", "diag-")):
+            continue
+        if path.name == SETUP_LOG:
+            lines += setup_failures(path)
             continue
         log = read_log(path)
         if log is None:

@@ -29,9 +29,9 @@
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
 # programs print every thread's stack; where gdb is, every Python process's C stacks follow), then is ended
 # with every process it started, and the run goes on (tests/gpu/limits.sh). The set-up's steps that can hang
-# have limits too, their Python ones printing their stacks through tests/gpu/with_stacks.py: a probe past its
-# limit is named in targets.md (set-up.txt) and the run goes on; an install past its limit ends the run, its
-# log (stacks included) printed. The parts, in order:
+# have limits too, their Python ones printing their stacks through tests/gpu/with_stacks.py: a probe that hung,
+# failed or had no time left is named in targets.md (set-up.txt) and the run goes on; an install past its limit
+# ends the run, its log (stacks included) printed. The parts, in order:
 #   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers), and out of place
 #      with UCX's memory-type cache off, as hpccomm runs UCX;
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job

@@ -9,6 +9,7 @@ path, under the name given (by default the file's stem).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -24,5 +25,7 @@ def load_script(path: Path, name: str | None = None) -> ModuleType:
     """
     spec = importlib.util.spec_from_file_location(name or path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    # Where no module of that name is loaded, by that name too: a dataclass looks its module up there.
+    sys.modules.setdefault(spec.name, module)
     spec.loader.exec_module(module)
     return module

@@ -5,7 +5,7 @@ Where the MPI under test has ULFM (Open MPI 5) and hpccomm is a torch Backend
 middle of one, at 3 and 4 ranks, one or two at once, or one while the
 survivors agree on another, and every survivor must get the same PeerFailure
 naming exactly the dead (its lag after the death is printed, not bounded:
-benchmarks/ft_stress.py bounds the training loop's), shrink, and run collectives, new groups, a
+benchmarks/ft_stress.py bounds it, these deaths in its mode ``checks``), shrink, and run collectives, new groups, a
 DeviceMesh and DDP on the survivors' group, with hpccomm's identity and topology renumbered
 (tests/ranks/fault_tolerance.py), the failed collective on flat MPI, on the
 node's shared-memory engine, or hierarchical on two fake nodes; survivors
@@ -99,7 +99,8 @@ def test_a_dead_rank_0_is_a_clear_error_at_the_next_store_operation():
     errors = run.lines("STORE-ERROR")
     assert len(errors) == 2 and len(run.lines("OK rank=")) == 2, run.output[-4000:]
     # What makes it at once is what the survivors know (rank 0 is in the failed set), which the error names;
-    # how long it took is printed: a store that waited for its timeout would outlive the job's limit.
+    # how long it took is printed (benchmarks/ft_stress.py --modes checks bounds it at 5 s): a store that waited
+    # for its timeout would outlive the job's limit.
     print("the store's error came after (s):", [re.search(r"after=([0-9.]+)", line)[1] for line in errors])
 
 
@@ -200,9 +201,9 @@ def check_survivors(run: RankRun, ranks: range, victims: str, path: str) -> None
     """Every survivor caught the PeerFailure (its collective on ``path``), shrank and passed its checks.
 
     How soon after the last death each caught it is printed, not bounded: a speed target, which
-    benchmarks/ft_stress.py holds for tests/ranks/ft_training.py's deaths (5 s, issue 32's bound; it exits 1
-    past it). A death never noticed still fails here, through the job's limit, and the PeerFailure names exactly
-    the dead (tests/ranks/fault_tolerance.py).
+    benchmarks/ft_stress.py holds (5 s, issue 32's bound; it exits 1 past it), for tests/ranks/ft_training.py's
+    deaths and, in its mode ``checks``, for these. A death never noticed still fails here, through the job's
+    limit, and the PeerFailure names exactly the dead (tests/ranks/fault_tolerance.py).
     """
     assert not run.timed_out and run.returncode == 0, run.output[-6000:]
     assert "UNEXPECTED" not in run.output, run.output[-4000:]

@@ -24,6 +24,14 @@ LAUNCHER_NOTICE = re.compile(r"ORTE_ERROR_LOG|PRTE_ERROR_LOG|errorcode|help mess
 STACK_HEADER = re.compile(
     r"^(?:\[[^\]]*\]\S*:\s*)?(Current thread|Thread) 0x[0-9a-f]+ [^()]*\(most recent call first\):$")
 FRAME = re.compile(r'^(?:\[[^\]]*\]\S*:\s*)?\s+File "([^"]+)", line (\d+) in ([^\s"]+)$')
+#: The GPU acceptance run's C stacks of a process past its limit (tests/gpu/limits.sh): its header, then gdb's
+#: lines, each thread's (``Thread 1`` the main one) and its frames: ``#0  0x... in poll () from LIB`` or
+#: ``#3  name (arguments) at FILE:LINE``, a C++ name with its parameters (``f(int) const``), a clone's ``[clone
+#: .cold]``.
+NATIVE_HEADER = re.compile(r"^acceptance: native stack of pid (\d+) \((\S*)")
+NATIVE_THREAD = re.compile(r"^Thread (\d+) \(")
+NATIVE_FRAME = re.compile(r"^#\d+\s+(?:0x[0-9a-f]+ in )?(.*?)(?: (?:from|at) \S+)?$")
+NATIVE_FRAMES = 4
 DETAIL_CHARS = 200
 
 
@@ -53,6 +61,12 @@ def error_that_ended(output: str) -> str | None:
     return None
 
 
+def printed_a_python_stack(output: str) -> bool:
+    """Whether ``output`` holds a Python stack, faulthandler's or a garbled one (whose frame :func:`stack_top`
+    cannot name)."""
+    return "(most recent call first)" in output
+
+
 def stack_top(output: str) -> str | None:
     """``file:line in function``: the innermost frame of the main thread's stack, as printed; None if none.
 
@@ -69,3 +83,36 @@ def stack_top(output: str) -> str | None:
             tops[-1] = (tops[-1][0], f"{frame[1]}:{frame[2]} in {frame[3]}")
     framed = [(current, top) for current, top in tops if top]
     return next((top for current, top in framed if current), framed[-1][1] if framed else None)
+
+
+def native_top(output: str) -> str | None:
+    """``pid P (program): f0 < f1 < ...``: the innermost named C frames of the first process's main thread in
+    the stacks gdb printed (tests/gpu/limits.sh), at most :data:`NATIVE_FRAMES`; None if none.
+
+    Where no process past its limit printed a Python stack (ucc_perftest's ranks), this is where one stood.
+    """
+    process, frames, main = None, [], False
+    for line in output.splitlines():
+        if header := NATIVE_HEADER.match(line):
+            if frames:
+                break
+            process, main = f"pid {header[1]} ({header[2].rsplit('/', 1)[-1]})", False
+        elif process and (thread := NATIVE_THREAD.match(line)):
+            if frames:
+                break
+            main = thread[1] == "1"
+        elif main and (frame := NATIVE_FRAME.match(line)) and (name := frame_name(frame[1])) != "??":
+            frames.append(name)
+    return f"{process}: {' < '.join(frames[:NATIVE_FRAMES])}" if frames else None
+
+
+def frame_name(frame: str) -> str:
+    """The function of gdb's ``name (arguments)``: the name, without gdb's argument list (the last balanced
+    parentheses) nor a ``[clone ...]`` suffix."""
+    depth = 0
+    for at in range(len(frame) - 1, -1, -1) if frame.endswith(")") else ():
+        depth += {")": 1, "(": -1}.get(frame[at], 0)
+        if depth == 0:
+            frame = frame[:at]
+            break
+    return re.sub(r" \[clone [^]]*\]", "", frame).strip()

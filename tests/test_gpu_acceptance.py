@@ -122,13 +122,14 @@ def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp
 
 
 def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
-    # limits.sh's `within`: the H100's first run hung in one part and lost every later one.
+    # limits.sh's `within`: the H100's first run hung in one part and lost every later one. The child starts a
+    # session of its own, as tests/launch.py starts a rank job.
     program = tmp_path / "hangs.py"
     program.write_text(
         "import faulthandler, signal, subprocess, sys, time\n"
         "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
         "if len(sys.argv) == 1:\n"
-        "    child = subprocess.Popen([sys.executable, __file__, 'child'])\n"
+        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
         "    print('child', child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
@@ -154,6 +155,33 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
     targets = load_script(TARGETS)
     ended = "- part.txt: the part was ended at its 2 s limit"
     assert targets.other_parts(tmp_path) in ([f"{ended}; top frame: {program}:6 in <module>"], [ended]), log
+
+
+def test_a_part_of_programs_not_python_past_its_limit_shows_where_each_rank_stood_in_c(tmp_path):
+    # ucc_perftest's ranks print no Python stack, and SIGUSR1 would end them before gdb could read theirs (it
+    # hung once in three runs on the H200, 2026-11-26): here two `tail`s under a shell stand for mpirun's ranks.
+    part = tmp_path / "perftest.txt"
+    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\n"
+              f"within 2 {part} bash -c 'tail -f /dev/null & tail -f /dev/null & echo ranks $(jobs -p); wait'\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    log = part.read_text()
+    assert "HUNG: still running at its 2 s limit" in log, proc.stdout + proc.stderr + log
+    ranks = [int(pid) for pid in log.split("ranks ")[1].split("\n")[0].split()]
+    assert len(ranks) == 2, log
+    for pid in ranks:
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower(), \
+            "a rank outlived its part"
+    if not shutil.which("gdb"):
+        assert "acceptance: no gdb here" in log, log
+        return
+    # Each rank's C stack (it was still there: no SIGUSR1 ended it), not the shell's, which started them.
+    stacks = re.findall(r"acceptance: native stack of pid (\d+) \((\S+)", log)
+    assert sorted(int(pid) for pid, _ in stacks) == ranks and {name for _, name in stacks} == {"tail"}, log
+    assert log.count("\n#0 ") >= 2, log
+    # targets.md names where the first stood, by its main thread's top C frames.
+    [named] = load_script(TARGETS).other_parts(tmp_path)
+    assert re.fullmatch(rf"- perftest.txt: the part was ended at its 2 s limit; top C frames, pid {stacks[0][0]} "
+                        r"\(tail\): \S+( < \S+)*", named), (named, log)
 
 
 def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_path):

@@ -511,3 +511,32 @@ def test_the_error_that_ended_a_program_comes_before_the_launchers_words_and_the
                "  File \"m.py\", line 2 in <module>\n")
     assert ended.stack_top(threads) == "m.py:9 in main"
 
+
+def test_where_no_python_stack_was_printed_the_first_processs_main_thread_names_its_top_c_frames():
+    ended = load_script(REPO / "tests" / "ended.py")
+    # As tests/gpu/limits.sh prints gdb's stacks: each thread's, the main one (thread 1) last; "??" is unnamed; a
+    # C++ frame with its parameters, a clone's suffix.
+    gdb = ("acceptance: native stack of pid 41 (/tmp/hpccomm-ucc/bin/ucc_perftest -c allreduce -m cuda)\n"
+           "Thread 2 (Thread 0x7f2 (LWP 43) \"cuda-EvtHandlr\"):\n#0  0x00007f1 in poll () from /lib/libc.so.6\n"
+           "Thread 1 (Thread 0x7f0 (LWP 41) \"ucc_perftest\"):\n#0  0x00007f9 in sched_yield () from /lib/libc.so.6\n"
+           "#1  0x00007f8 in ?? () from /lib/libuct.so.0\n#2  0x00007f7 in ucp_worker_progress () from /lib/libucp.so\n"
+           "#3  ucc_context_progress (context=0x1, n=<optimized out>) at core/ucc_context.c:1010\n"
+           "#4  0x00007f6 in ucc_pt_coll_allreduce::run(ucc_pt_test_args&) [clone .cold] () from ucc_perftest\n"
+           "#5  0x00007f5 in main ()\n"
+           "acceptance: native stack of pid 42 (/tmp/hpccomm-ucc/bin/ucc_perftest -c allreduce -m cuda)\n"
+           "Thread 1 (Thread 0x7e0 (LWP 42) \"ucc_perftest\"):\n#0  0x00007e9 in nanosleep () from /lib/libc.so.6\n")
+    assert ended.native_top(gdb) == ("pid 41 (ucc_perftest): sched_yield < ucp_worker_progress < ucc_context_progress"
+                                     " < ucc_pt_coll_allreduce::run(ucc_pt_test_args&)")
+    assert ended.native_top("acceptance: no gdb here: no native stacks\n") is None
+    hung = "acceptance: HUNG: still running at its 30 s limit (stacks above, where the program prints them)\n"
+    log = targets.parse_log("perftest-oop.txt", gdb + hung)
+    assert targets.ended_badly(log) == ("the part was ended at its 30 s limit; top C frames, pid 41 (ucc_perftest): "
+                                        "sched_yield < ucp_worker_progress < ucc_context_progress < "
+                                        "ucc_pt_coll_allreduce::run(ucc_pt_test_args&)")
+    # Where a Python stack was printed, it names where the part stood, and a garbled one (two dumps interleaved)
+    # names no frame rather than the C frames of whichever process gdb read first.
+    python = "Current thread 0x1 (most recent call first):\n  File \"x.py\", line 3 in <module>\n"
+    assert targets.ended_badly(targets.parse_log("p.txt", python + gdb + hung)).endswith("; top frame: x.py:3 in <module>")
+    garbled = "Current thread 0x1 (most recent call first):\n  File \"x.pyThread 0x2 (most recent call first):\n"
+    assert targets.ended_badly(targets.parse_log("p.txt", garbled + gdb + hung)) == \
+        "the part was ended at its 30 s limit"

@@ -26,9 +26,11 @@
 # part runs with (UCC_CL_BASIC_TLS=^nccl where two ranks share one GPU, which NCCL refuses), then runs, in
 # order of worth, each part in a session of its own with its own limit, cut to what is left of
 # ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
-# 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 (rankcheck and pytest's rank
-# programs print every thread's stack; where gdb is, every Python process's C stacks follow), then is ended
-# with every process it started, and the run goes on (tests/gpu/limits.sh). The set-up's steps that can hang
+# 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 in those of its Python programs
+# that print every thread's stack on it (rankcheck, the benchmarks; a rank program under pytest prints into
+# pytest's capture, lost as pytest ends), and where gdb is, the C stacks of every process that started none
+# (ucc_perftest's ranks, a rank program) and of the other Python ones follow; then it is ended with every
+# process it started, rank jobs in sessions of their own included, and the run goes on (tests/gpu/limits.sh). The set-up's steps that can hang
 # have limits too, their Python ones printing their stacks through tests/gpu/with_stacks.py: a probe that hung,
 # failed or had no time left is named in targets.md (set-up.txt) and the run goes on; an install past its limit
 # ends the run, its log (stacks included) printed. The parts, in order:

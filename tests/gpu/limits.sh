@@ -1,37 +1,77 @@
 # The GPU acceptance run's limits: tests/gpu/acceptance.sh's 'run' sources this (tests/test_gpu_acceptance.py
 # too), with `set -e` off. Every part of the run, and every step of its set-up that can hang (what loads torch,
 # MPI or UCC, the installs, UCC's fallback build), has a limit of its own. A step past it is ended with every
-# process it started, after its Python programs print every thread's stack (those that print on SIGUSR1:
-# rankcheck, the benchmarks, with_stacks.py; others, a compiler or pip's build, just end on it) and gdb adds
-# the C stacks of those still there. Then a part's run goes on, as does a probe's; an install's ends the run
-# (acceptance.sh). The parts (`within`) and the probes are also cut to what is left of the run's budget: they
-# read $budget (seconds) and $started (bash's SECONDS at the run's start). Tools that start no Python
-# (nvidia-smi, ucx_info, MPS's control) keep plain `timeout`s; what cannot hang (tar, cp, targets.py on the
-# logs) has none.
+# process it started, whatever their sessions, after its Python programs that print every thread's stack on
+# SIGUSR1 (rankcheck, the benchmarks, with_stacks.py) have printed it (no other process gets the signal: it
+# would end on it) and gdb has added the C stacks of every process that started none (a rank of ucc_perftest or
+# of a rank program) and of the other Python ones. Then a part's run goes on, as does a probe's; an install's
+# ends the run (acceptance.sh). The parts (`within`) and the probes are also cut to what is left of the run's
+# budget: they read $budget (seconds) and $started (bash's SECONDS at the run's start). Tools that start no
+# Python (nvidia-smi, ucx_info, MPS's control) keep plain `timeout`s; what cannot hang (tar, cp, targets.py on
+# the logs) has none.
 
 limits_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PROBE_S=60  # a set-up probe: torch, MPI or UCC loading (their loads took seconds on the H100)
 
-native_stacks() {  # session: every Python process's C stacks, where gdb is here (a hang inside a C library)
-  local sid=$1 pids p readers=()
-  [ -n "$sid" ] || return 0
+NATIVE_MAX=16  # processes whose C stacks gdb reads past a limit (at once, 20 s at most): a build's compilers are many
+
+step_processes() {  # pid: the step's processes, in pid order: it, every process it started, whatever their session
+  # (tests/launch.py starts each rank job in a session of its own), and any other of its session
+  ps -e -o pid=,ppid=,sid= | awk -v root="$1" '
+    { parent[$1] = $2; session[$1] = $3 }
+    END {
+      for (p in parent) {
+        q = p; hops = 0
+        while (q != root && (q in parent) && hops++ < 64) q = parent[q]
+        if (q == root || session[p] == root) print p
+      }
+    }' | sort -n
+}
+
+python_process() {  # pid: whether it runs Python (by its executable: a console script's name is not python's)
+  [[ $(readlink "/proc/$1/exe" 2>/dev/null) == */python* ]]
+}
+
+catches_usr1() {  # pid: whether it handles SIGUSR1 (faulthandler's dump of every thread) instead of ending on it
+  local mask
+  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$1/status" 2>/dev/null)
+  [ -n "$mask" ] && (( (0x$mask >> 9) & 1 ))  # SIGUSR1 is signal 10
+}
+
+native_stacks() {  # pid...: the C stacks, where gdb is here, of those that started none of them (a rank of
+  # ucc_perftest or of a rank program, a compiler; not `sleep`), then of the other Python ones, NATIVE_MAX at most:
+  # where a hang inside a C library (UCC, CUDA, MPI) stands
+  local p readers=() dir parents leaves=() python=() chosen
+  [ $# -gt 0 ] || return 0
   if ! command -v gdb >/dev/null; then echo "acceptance: no gdb here: no native stacks"; return 0; fi
-  pids=$(pgrep -s "$sid" python)
-  for p in $pids; do
+  parents=" $(ps -o ppid= -p "$(IFS=,; echo "$*")" | tr -s ' \n' '  ') "
+  for p in "$@"; do
+    if [[ $parents != *" $p "* ]]; then
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sleep ] || leaves+=("$p")
+    elif python_process "$p"; then
+      python+=("$p")
+    fi
+  done
+  chosen=("${leaves[@]}" "${python[@]}")
+  chosen=("${chosen[@]:0:NATIVE_MAX}")
+  dir=$(mktemp -d)
+  for p in "${chosen[@]}"; do
     { echo "acceptance: native stack of pid $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80))"
       timeout 20 gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
-    } >"/tmp/native.$p" &
+    } >"$dir/$p" &
     readers+=($!)
   done
   [ ${#readers[@]} -eq 0 ] || wait "${readers[@]}"  # these alone: the hung step is a child of this shell too
-  for p in $pids; do cat "/tmp/native.$p"; rm -f "/tmp/native.$p"; done
+  for p in "${chosen[@]}"; do cat "$dir/$p"; done
+  rm -rf "$dir"
 }
 
 bounded() {  # seconds command...: run it, its output where the caller's goes, at most `seconds`; status 124 past them
-  # In a session of its own, so that a step past its limit is ended with every process it started (mpirun's
-  # ranks included), after SIGUSR1, on which rankcheck, the benchmarks and with_stacks.py print every thread's
-  # stack; the C stacks follow where gdb is. Its own lines go to stderr, after the step's.
-  local limit=$1 pid native rc; shift
+  # In a session of its own; a step past its limit is ended with every process it started (mpirun's ranks
+  # included, and rank jobs in sessions of their own), after SIGUSR1 to those of its Python processes that print
+  # every thread's stack on it (rankcheck, the benchmarks, with_stacks.py); the C stacks follow where gdb is.
+  # Its own lines go to stderr, after the step's.
+  local limit=$1 pid native rc procs stacking; shift
   local -; set +m  # without job control a background job leads no process group, so setsid does not fork
   setsid "$@" &
   pid=$!
@@ -40,11 +80,17 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
   local deadline=$((SECONDS + limit))
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
-    # Not bash's notice of the step's end by these signals ("Killed", printed as the next command ends): the
-    # HUNG line says it.
-    { pkill -USR1 -s "$pid"; sleep 5; } 2>/dev/null
-    native=$(native_stacks "$pid" 2>&1)
-    { pkill -KILL -s "$pid"; wait "$pid"; } 2>/dev/null
+    # Its processes, taken before any signal: one that ended would leave its children to init, out of reach.
+    procs=$(step_processes "$pid")
+    # SIGUSR1 to those that print their stacks on it: any other would end on it before gdb could read its C
+    # stack, and mpirun would pass it on to its ranks a second time. Not bash's notice of the step's end by
+    # these signals ("Killed", printed as the next command ends): the HUNG line says it.
+    stacking=$(for p in $procs; do python_process "$p" && catches_usr1 "$p" && echo "$p"; done)
+    if [ -n "$stacking" ]; then { kill -USR1 $stacking; sleep 5; } 2>/dev/null; fi
+    # shellcheck disable=SC2086
+    native=$(native_stacks $procs 2>&1)
+    # shellcheck disable=SC2086
+    { kill -KILL $procs; pkill -KILL -s "$pid"; wait "$pid"; } 2>/dev/null
     rc=124
     [ -z "$native" ] || echo "$native" >&2
     echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >&2

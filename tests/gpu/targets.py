@@ -23,8 +23,9 @@ each step of the set-up in ``set-up.txt``, the probes and the UCX wheel's
 unzip, one past its limit with its stacks); and
 the benchmark's jobs that failed or gave wrong values. A part that ended badly
 without a rank naming a check is named by the error its output gives, or by the
-top frame of its main thread's stack (tests/ended.py). Runs anywhere (no
-torch): without a GPU run every target says "not measured".
+top frame of its main thread's stack (tests/ended.py; where no process printed
+a Python stack, as ucc_perftest's ranks, the top C frames gdb read). Runs
+anywhere (no torch): without a GPU run every target says "not measured".
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for ended.py (this file runs as a script)
-from ended import error_that_ended, one_line, stack_top  # noqa: E402
+from ended import error_that_ended, native_top, one_line, printed_a_python_stack, stack_top  # noqa: E402
 
 MIB = 1 << 20
 #: The benchmark's collectives (benchmarks/cuda_allreduce.py OPS; tests/test_gpu_targets.py keeps them equal).
@@ -144,7 +145,7 @@ def _size(nbytes: int) -> str:
 class Log:
     """What one log says: pytest items' outcomes, the failure text per item, and the part's fate.
 
-    (A plain class: a dataclass needs its module in sys.modules, which loading this file by path skips.)
+    (A plain class: a dataclass needs its module in sys.modules, which not every loader of a file by its path sets.)
     """
 
     def __init__(self, name: str, skipped: bool) -> None:
@@ -410,10 +411,15 @@ def log_failures(log: Log) -> list[str]:
 
 def ended_badly(log: Log, what: str = "the part") -> str | None:
     """How a part (or ``what``) ended, where it ended badly: past its limit (with the top frame of its main
-    thread's stack), or with a non-zero exit status (with the error its output names); None where it exited 0."""
+    thread's Python stack; where no Python stack was printed, the top C frames of a process's main thread), or
+    with a non-zero exit status (with the error its output names); None where it exited 0."""
     if log.part_limit:
-        top = stack_top(log.text)
-        return f"{what} was ended at its {log.part_limit} s limit" + (f"; top frame: {top}" if top else "")
+        fate = f"{what} was ended at its {log.part_limit} s limit"
+        if top := stack_top(log.text):
+            return f"{fate}; top frame: {top}"
+        if printed_a_python_stack(log.text):  # interleaved dumps: no frame, rather than a wrong one
+            return fate
+        return fate + (f"; top C frames, {native}" if (native := native_top(log.text)) else "")
     if log.exit_status:
         return f"exit status {log.exit_status}: {error_that_ended(log.text) or 'its output names no error'}"
     return None

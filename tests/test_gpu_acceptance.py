@@ -134,8 +134,9 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
         "time.sleep(600)\n"
     )
     part = tmp_path / "part.txt"
-    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\n"
-              f"within 2 {part} python3 {program}; echo rc=$?\nwithin 5 {tmp_path / 'quick.txt'} echo quick; echo rc=$?\n")
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\n"
+              f"within 2 {part} python3 {program}; echo rc=$?\n"
+              f"within 5 {tmp_path / 'quick.txt'} echo quick; echo rc=$?\n")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     assert "rc=124" in proc.stdout and "rc=0" in proc.stdout, proc.stdout + proc.stderr
     log = part.read_text()
@@ -161,7 +162,7 @@ def test_a_part_of_programs_not_python_past_its_limit_shows_where_each_rank_stoo
     # ucc_perftest's ranks print no Python stack, and SIGUSR1 would end them before gdb could read theirs (it
     # hung once in three runs on the H200, 2026-11-26): here two `tail`s under a shell stand for mpirun's ranks.
     part = tmp_path / "perftest.txt"
-    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\n"
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\n"
               f"within 2 {part} bash -c 'tail -f /dev/null & tail -f /dev/null & echo ranks $(jobs -p); wait'\n")
     proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
     log = part.read_text()
@@ -206,7 +207,8 @@ def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_pa
     )
     sees = "import runpy; runpy.run_module('probe_sees', run_name='__main__')"
     setup_log = tmp_path / "set-up.txt"
-    script = (f"set +e\nstarted=$SECONDS\nbudget=60\nsource {LIMITS}\nPROBE_S=4\nsetup_log={setup_log}\n"
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\nPROBE_S=4\n"
+              f"setup_log={setup_log}\n"
               "gpus=$(probe -c 'import torch; print(torch.cuda.device_count())'); echo rc=$? gpus=$gpus.\n"
               "probe -m probe_sees one two; echo rc=$?\n"
               f"probe -c \"{sees}\" three; echo rc=$?\n"
@@ -258,6 +260,47 @@ def test_a_set_up_probe_past_its_limit_prints_where_it_stood_and_is_ended(tmp_pa
         "- set-up.txt, `python3 -c import no_ucc_here`: exit status 1: ModuleNotFoundError: No module named "
         "'no_ucc_here'",
         "- set-up.txt, `python3 -m probe_sees five`: did not run (no time left)"], setup
+
+
+def test_every_limit_of_the_run_set_up_included_is_cut_to_what_is_left_of_its_budget(tmp_path):
+    # A UCC fallback build (300 s) that hangs, then hpccomm's install (300 s), would have outlasted the 380 s
+    # budget and the device call with it, ending it before report.md and targets.md were written: every set-up
+    # step's limit is cut to what is left, as the parts' are, less the time a step past its limit takes to show
+    # its stacks (STACKS_S: the budget here leaves 3 s past it, with the least a step starts with lowered to 2 s).
+    hangs = ("import faulthandler, signal, time; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+             "time.sleep(120)")
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nMIN_STEP_S=2\nbudget=$((STACKS_S + 3))\n"
+              "echo budget=$budget cut=$(budget_cut 300),$(budget_cut 2)\n"
+              f"python_step \"$(budget_cut 300)\" -c '{hangs}'; echo rc=$? after=$((SECONDS - started))\n"
+              "echo spent=$(budget_cut 300)\n"
+              "python_step \"$(budget_cut 120)\" -c 'print(\"installed\")'; echo rc=$?\n"
+              f"setup_log={tmp_path / 'set-up.txt'}\n"
+              "setup_step \"$(budget_cut 60)\" -m zipfile -e ucx.whl ucx; echo rc=$?\nsetup_log=\n"
+              f"within 60 {tmp_path / 'part.txt'} echo ran; echo rc=$?\n"
+              # No step starts with less than MIN_STEP_S left past STACKS_S.
+              "MIN_STEP_S=15\nbudget=$((SECONDS - started + STACKS_S + 13)); echo under=$(budget_cut 300)\n"
+              "budget=$((SECONDS - started + STACKS_S + 40)); echo over=$(budget_cut 300)\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    out, err = proc.stdout, proc.stderr
+    budget = int(re.search(r"budget=(\d+) cut=3,2\n", out).group(1))
+    # Ended at the cut limit, its stacks shown, all within the budget: not at its own end (120 s).
+    assert "HUNG: still running at its 3 s limit" in err and "most recent call first" in err, out + err
+    after = int(re.search(r"rc=124 after=(\d+)\n", out).group(1))
+    assert after <= budget, out
+    # With none of the budget left a step does not start, and says so.
+    assert "spent=0\nrc=124\n" in out and "installed" not in out and "\nrc=124\nunder=0\n" in out, out
+    assert f"acceptance: out of time (budget {budget} s), not started: python3" in err, err
+    assert (tmp_path / "part.txt").read_text().startswith(f"acceptance: out of time (budget {budget} s), skipped: "
+                                                          "echo ran")
+    assert re.search(r"\nover=(39|40)\n", out), out
+    # targets.md lists a set-up step and a part that had no time as such, not as failed.
+    parts = load_script(TARGETS).other_parts(tmp_path)
+    assert parts == ["- part.txt: did not run (no time left)",
+                     "- set-up.txt, `python3 -m zipfile -e ucx.whl ucx`: did not run (no time left)"], parts
+    # Every limited step of acceptance.sh takes its limit from budget_cut (the parts' `within` cuts its own): a
+    # literal limit could outlast the budget again.
+    literal = re.findall(r"\b(?:bounded|python_step|setup_step) +[0-9]+", SCRIPT.read_text())
+    assert literal == [], literal
 
 
 def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
@@ -376,9 +419,10 @@ def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
 def test_run_without_ucc_ends_with_each_part_named_or_skipped(tmp_path):
     # Without UCC: the staged path alone, as on a GPU machine where the bundle's UCC neither unpacks nor builds.
     # Where hpccomm has UCC, the test above has run every part of the staged path already, so this one, for CI's
-    # time, runs on a budget that its set-up always uses up (a part starts only with 15 s left): every part is
-    # skipped, says so and is listed as such, the run still ends with its five files, and its exit status is 1
-    # (a test pass that did not run is no pass). Without UCC it runs the staged path's parts in full.
+    # time, runs on a budget too short for any step (none starts with under 15 s left past the 30 s a hung step's
+    # stacks take): every probe and part is skipped, says so and is listed as such, the run still ends with its
+    # five files, and its exit status is 1 (a test pass that did not run is no pass). Without UCC it runs the
+    # staged path's parts in full.
     full = not binding.built()
     proc, report, failed = rehearse(tmp_path, 200 if full else 15)
     assert "paths staged; UCC none" in report, report[:2000]

@@ -30,10 +30,13 @@
 # that print every thread's stack on it (rankcheck, the benchmarks; a rank program under pytest prints into
 # pytest's capture, lost as pytest ends), and where gdb is, the C stacks of every process that started none
 # (ucc_perftest's ranks, a rank program) and of the other Python ones follow; then it is ended with every
-# process it started, rank jobs in sessions of their own included, and the run goes on (tests/gpu/limits.sh). The set-up's steps that can hang
-# have limits too, their Python ones printing their stacks through tests/gpu/with_stacks.py: a probe that hung,
-# failed or had no time left is named in targets.md (set-up.txt) and the run goes on; an install past its limit
-# ends the run, its log (stacks included) printed. The parts, in order:
+# process it started, rank jobs in sessions of their own included, and the run goes on (tests/gpu/limits.sh).
+# The set-up's steps that can hang have limits too, their Python ones printing their stacks through
+# tests/gpu/with_stacks.py: a probe that hung, failed or had no time left is named in targets.md (set-up.txt)
+# and the run goes on; an install past its limit ends the run, its log (stacks included) printed. Every limit,
+# the set-up's too, is cut to what is left of the budget less the 30 s a hung step's stacks take, and none starts
+# with under 15 s of that left, so that the call ends within the budget and the report's few seconds.
+# The parts, in order:
 #   1. ucc_perftest all-reduce on CUDA memory, out of place and in place (UCC's own numbers), and out of place
 #      with UCX's memory-type cache off, as hpccomm runs UCX;
 #   2. benchmarks/cuda_allreduce.py --compare: every path against Gloo, per collective and size (each job
@@ -120,9 +123,11 @@ run)
   source tests/gpu/limits.sh  # within (a part); python_step, setup_step and probe (the set-up): each a limit
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
   # The set-up has limits too, printing its stacks past them as the parts do: a probe 60 s (torch, MPI or UCC
-  # loading) or what is left of the budget, the wheels' install 120 s, hpccomm's (its C extensions built) and
-  # UCC's fallback build 300 s each. An install that fails or hangs ends the run with its log.
-  [ "$install" = 0 ] || python_step 120 -m pip install -q --no-index --find-links "$bundle/wheels" \
+  # loading), the wheels' install 120 s, the UCX wheel's unzip 60 s, hpccomm's install (its C extensions built)
+  # and UCC's fallback build 300 s each; each of them, or what is left of the budget where that is less, so
+  # that a slow set-up leaves the parts less time, and the whole call ends within the budget and the report.
+  # An install that fails or hangs ends the run with its log.
+  [ "$install" = 0 ] || python_step "$(budget_cut 120)" -m pip install -q --no-index --find-links "$bundle/wheels" \
     cffi pytest pytest-timeout \
     >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -137,7 +142,7 @@ run)
     # Built on the CPU machine (tests/gpu/prebuild_ucc.sh) into this very path: unpacked into a clean prefix.
     rm -rf /tmp/hpccomm-ucc && mkdir -p /tmp/hpccomm-ucc/ucx
     if tar -xzf "$bundle/ucc-prebuilt.tar.gz" -C /tmp/hpccomm-ucc \
-        && setup_step 60 -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
+        && setup_step "$(budget_cut 60)" -m zipfile -e "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc/ucx \
         && cp /tmp/hpccomm-ucc/ucc-env.sh "$work/ucc-env.sh"; then
       ucc_from="prebuilt ($(head -n 1 /tmp/hpccomm-ucc/PREBUILT))" ucc_env=$work/ucc-env.sh
     fi
@@ -145,8 +150,8 @@ run)
   if [ "$ucc_from" = none ] && [ -f "$bundle/ucc-source.tar.gz" ]; then
     # The fallback: built here (about 130-150 s), into a clean prefix (build_ucc.sh clears its own).
     rm -rf /tmp/hpccomm-ucc
-    if bounded 300 bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" "$bundle"/ucx/libucx_cu13-*.whl \
-        /tmp/hpccomm-ucc \
+    if bounded "$(budget_cut 300)" bash tests/build_ucc.sh --cuda --nccl "$bundle/ucc-source.tar.gz" \
+        "$bundle"/ucx/libucx_cu13-*.whl /tmp/hpccomm-ucc \
         >"$work/ucc-env.sh" 2>"$work/ucc-build.txt"; then
       ucc_from="built here in $((SECONDS - started)) s" ucc_env=$work/ucc-env.sh
     else
@@ -175,7 +180,7 @@ run)
       export UCC_CL_BASIC_TLS=^nccl
     fi
   fi
-  [ "$install" = 0 ] || python_step 300 -m pip install -q --no-deps --no-build-isolation -e . \
+  [ "$install" = 0 ] || python_step "$(budget_cut 300)" -m pip install -q --no-deps --no-build-isolation -e . \
     >>"$work/install.log" 2>&1 \
     || { cat "$work/install.log"; exit 1; }
   if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then

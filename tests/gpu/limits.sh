@@ -5,15 +5,26 @@
 # SIGUSR1 (rankcheck, the benchmarks, with_stacks.py) have printed it (no other process gets the signal: it
 # would end on it) and gdb has added the C stacks of every process that started none (a rank of ucc_perftest or
 # of a rank program) and of the other Python ones. Then a part's run goes on, as does a probe's; an install's
-# ends the run (acceptance.sh). The parts (`within`) and the probes are also cut to what is left of the run's
-# budget: they read $budget (seconds) and $started (bash's SECONDS at the run's start). Tools that start no
-# Python (nvidia-smi, ucx_info, MPS's control) keep plain `timeout`s; what cannot hang (tar, cp, targets.py on
-# the logs) has none.
+# ends the run (acceptance.sh). Every limit is also cut to what is left of the run's budget (`budget_cut`: it
+# reads $budget, seconds, and $started, bash's SECONDS at the run's start), less the time a step past its limit
+# takes to show its stacks (STACKS_S), so that a slow set-up leaves the parts less time, never the call's end
+# past the budget (the report after it takes seconds), and none starts with under MIN_STEP_S (15 s) of it left:
+# a part (`within`) or a probe says so in its log, another step (`bounded`) on stderr. Tools that start no
+# Python (nvidia-smi, ucx_info, MPS's control) keep plain `timeout`s (MPS's quit, after its parts, may end up to
+# 20 s past the budget); what cannot hang (tar, cp, targets.py on the logs) has none.
 
 limits_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PROBE_S=60  # a set-up probe: torch, MPI or UCC loading (their loads took seconds on the H100)
 
-NATIVE_MAX=16  # processes whose C stacks gdb reads past a limit (at once, 20 s at most): a build's compilers are many
+NATIVE_MAX=16  # processes whose C stacks gdb reads past a limit (at once): a build's compilers are many
+DUMP_S=5  # a step past its limit: its Python processes' time to print their stacks on SIGUSR1
+GDB_S=20  # then gdb's time to read the C stacks (every process at once; SIGKILL 3 s later, as a hung ptrace may need)
+# What a step past its limit takes after it to show where it stood (gdb's kill and the step's own included):
+# budget_cut keeps it out of a step's limit, so that a step ended at the budget's end has shown its stacks by then.
+STACKS_S=$((DUMP_S + GDB_S + 5))
+# No step starts with less of the budget left: loading torch alone could outlast it, and a step ended that early
+# would read as a hang.
+MIN_STEP_S=15
 
 step_processes() {  # pid: the step's processes, in pid order: it, every process it started, whatever their session
   # (tests/launch.py starts each rank job in a session of its own), and any other of its session
@@ -57,7 +68,7 @@ native_stacks() {  # pid...: the C stacks, where gdb is here, of those that star
   dir=$(mktemp -d)
   for p in "${chosen[@]}"; do
     { echo "acceptance: native stack of pid $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80))"
-      timeout 20 gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
+      timeout -k 3 "$GDB_S" gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
     } >"$dir/$p" &
     readers+=($!)
   done
@@ -72,6 +83,10 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
   # every thread's stack on it (rankcheck, the benchmarks, with_stacks.py); the C stacks follow where gdb is.
   # Its own lines go to stderr, after the step's.
   local limit=$1 pid native rc procs stacking; shift
+  if ! [[ $limit =~ ^[0-9]+$ ]] || [ "$limit" -eq 0 ]; then  # none of the budget left (budget_cut), or no limit
+    echo "acceptance: out of time (budget ${budget:-unset} s), not started: $*" >&2
+    return 124
+  fi
   local -; set +m  # without job control a background job leads no process group, so setsid does not fork
   setsid "$@" &
   pid=$!
@@ -86,7 +101,7 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
     # stack, and mpirun would pass it on to its ranks a second time. Not bash's notice of the step's end by
     # these signals ("Killed", printed as the next command ends): the HUNG line says it.
     stacking=$(for p in $procs; do python_process "$p" && catches_usr1 "$p" && echo "$p"; done)
-    if [ -n "$stacking" ]; then { kill -USR1 $stacking; sleep 5; } 2>/dev/null; fi
+    if [ -n "$stacking" ]; then { kill -USR1 $stacking; sleep "$DUMP_S"; } 2>/dev/null; fi
     # shellcheck disable=SC2086
     native=$(native_stacks $procs 2>&1)
     # shellcheck disable=SC2086
@@ -100,10 +115,19 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
   return $rc
 }
 
+budget_cut() {  # seconds: the smaller of them and what is left of the run's budget less STACKS_S; 0 where that
+  # is under MIN_STEP_S (the caller does not start its step)
+  local left=$((budget - (SECONDS - started) - STACKS_S))
+  [ "$left" -ge "$MIN_STEP_S" ] || left=0
+  echo $((left < $1 ? left : $1))
+}
+
 within() {  # seconds file command...: a part of the run, into file, at most `seconds` and what is left of the budget
-  local limit=$1 file=$2 left=$((budget - (SECONDS - started))) rc; shift 2
-  if [ "$left" -lt 15 ]; then echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"; return 124; fi
-  [ "$limit" -le "$left" ] || limit=$left
+  local limit file=$2 rc; limit=$(budget_cut "$1"); shift 2
+  if [ "$limit" -eq 0 ]; then
+    echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"
+    return 124
+  fi
   bounded "$limit" "$@" >"$file" 2>&1
   rc=$?
   echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
@@ -118,13 +142,19 @@ python_step() {  # seconds python3-arguments...: a set-up step in Python (-c COD
 
 setup_step() {  # seconds python3-arguments...: python_step, its stderr into $setup_log (the run's set-up.txt;
   # stderr where none is set) after a line naming it, and a line with its exit status where that is not 0, so
-  # that targets.py reads each step there as a part's log and names every one that hung or failed.
+  # that targets.py reads each step there as a part's log and names every one that hung, failed or, given no
+  # time (a limit of 0: budget_cut), did not run.
   local limit=$1 log rc; shift
   setup_log_open log
   echo "acceptance: set-up: python3 $*" >&"$log"
-  python_step "$limit" "$@" 2>&"$log"
-  rc=$?
-  [ "$rc" = 0 ] || echo "acceptance: exit status $rc after $((SECONDS - ${started:-0})) s" >&"$log"
+  if [ "$limit" = 0 ]; then
+    echo "acceptance: out of time (budget ${budget:-unset} s), skipped" >&"$log"
+    rc=124
+  else
+    python_step "$limit" "$@" 2>&"$log"
+    rc=$?
+    [ "$rc" = 0 ] || echo "acceptance: exit status $rc after $((SECONDS - ${started:-0})) s" >&"$log"
+  fi
   exec {log}>&-
   return $rc
 }
@@ -143,15 +173,7 @@ setup_log_open() {  # variable: a new descriptor, in that variable, onto $setup_
 probe() {  # python3 ARGS (-c or -m): a set-up step at most $PROBE_S and what is left of the budget (where
   # torch's CUDA set-up hangs, every probe that asks torch for a GPU does), seeing hpccomm as the parts' programs
   # do: the installed one. Without PYTHONSAFEPATH, `python3 -c` and `-m` import this checkout's sources first,
-  # which a non-editable install (CI's rehearsal) leaves without their compiled extensions. Like a part, it
-  # starts only with 15 s left: with less, loading torch alone could outlast it, and a probe ended that early
-  # would read as a hang.
-  local left=$((budget - (SECONDS - started))) log
-  if [ "$left" -lt 15 ]; then
-    setup_log_open log
-    printf 'acceptance: set-up: python3 %s\nacceptance: out of time (budget %s s), skipped\n' "$*" "$budget" >&"$log"
-    exec {log}>&-
-    return 124
-  fi
-  PYTHONSAFEPATH=1 setup_step $((left < PROBE_S ? left : PROBE_S)) "$@"
+  # which a non-editable install (CI's rehearsal) leaves without their compiled extensions. Like every step,
+  # it starts only with MIN_STEP_S of the budget left (budget_cut), and where it does not, says so in set-up.txt.
+  PYTHONSAFEPATH=1 setup_step "$(budget_cut "$PROBE_S")" "$@"
 }

@@ -333,7 +333,8 @@ def test_tests_gpu_rows_and_what_failed_or_hung(tmp_path):
             "FAILED rank=0 failures=1 of 1\n")
     write_run(tmp_path, logs={"pytest-1.txt": first, "pytest-2.txt": second, "diag-stream.txt": diag,
                               "diag-nccl-alone.txt": "OK rank=0 checks=1\nOK rank=1 checks=1\n",
-                              "diag-late.txt": "acceptance: out of time (budget 380 s), skipped: hpccomm-run\n"})
+                              "diag-late.txt": "acceptance: out of time (budget 380 s), not started: hpccomm-run\n"
+                                               "acceptance: exit status 124 after 380 s\n"})
     out = targets.table(tmp_path)
     got = verdicts(out)
     assert got["tests/gpu passes twice on staged"] == "PASS", out
@@ -437,7 +438,8 @@ def test_a_part_that_ended_badly_is_named_by_its_error_or_its_main_threads_top_f
     write_run(tmp_path, logs={"pytest-1.txt": collection_error, "pytest-2.txt": all_passed(),
                               "diag-stream.txt": CRASHED, "perftest-oop.txt": PERFTEST_FAILED,
                               "stages.txt": STOPPED, "floor-2.md": floor_2,
-                              "mps-compare.log": "acceptance: out of time (budget 380 s), skipped: python3\n",
+                              "mps-compare.log": "acceptance: out of time (budget 380 s), not started: python3\n"
+                                                 "acceptance: exit status 124 after 371 s\n",
                               "ucc-trace.txt": "CL_BASIC TL_UCP\nacceptance: exit status 0 after 300 s\n",
                               "compare-staged.log": CRASHED.replace("acceptance: exit status 1 after 35 s\n", "")})
     out = targets.table(tmp_path)
@@ -477,7 +479,8 @@ def test_every_set_up_step_that_hung_failed_or_had_no_time_is_named_by_its_comma
              + hung("from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())", 372, "_lazy_init", 44)
              + "acceptance: set-up: python3 -c import torch; print(\"torch\", torch.__version__, \"cuda\", "
                "torch.version.cuda, \"gpus\", torch.cuda.device_count())\n"
-             + "acceptance: out of time (budget 380 s), skipped\n")
+             + "acceptance: out of time (budget 380 s), not started: python3 /b/with_stacks.py -c import torch\n"
+             + "acceptance: exit status 124 after 371 s\n")
     write_run(tmp_path, logs={"set-up.txt": setup})
     assert targets.other_parts(tmp_path) == [
         "- set-up.txt, `python3 -c import torch; print(torch.cuda.device_count())`: the step was ended at its 60 s "

@@ -9,7 +9,7 @@
 # reads $budget, seconds, and $started, bash's SECONDS at the run's start), less the time a step past its limit
 # takes to show its stacks (STACKS_S), so that a slow set-up leaves the parts less time, never the call's end
 # past the budget (the report after it takes seconds), and none starts with under MIN_STEP_S (15 s) of it left:
-# a part (`within`) or a probe says so in its log, another step (`bounded`) on stderr. Tools that start no
+# `bounded` does not start it, and says so on its stderr (a part's log, set-up.txt). Tools that start no
 # Python (nvidia-smi, ucx_info, MPS's control) keep plain `timeout`s (MPS's quit, after its parts, may end up to
 # 20 s past the budget); what cannot hang (tar, cp, targets.py on the logs) has none.
 
@@ -124,11 +124,7 @@ budget_cut() {  # seconds: the smaller of them and what is left of the run's bud
 
 within() {  # seconds file command...: a part of the run, into file, at most `seconds` and what is left of the budget
   local limit file=$2 rc; limit=$(budget_cut "$1"); shift 2
-  if [ "$limit" -eq 0 ]; then
-    echo "acceptance: out of time (budget ${budget} s), skipped: $*" >"$file"
-    return 124
-  fi
-  bounded "$limit" "$@" >"$file" 2>&1
+  bounded "$limit" "$@" >"$file" 2>&1  # with no time left, its refusal is the log
   rc=$?
   echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
   return $rc
@@ -147,14 +143,9 @@ setup_step() {  # seconds python3-arguments...: python_step, its stderr into $se
   local limit=$1 log rc; shift
   setup_log_open log
   echo "acceptance: set-up: python3 $*" >&"$log"
-  if [ "$limit" = 0 ]; then
-    echo "acceptance: out of time (budget ${budget:-unset} s), skipped" >&"$log"
-    rc=124
-  else
-    python_step "$limit" "$@" 2>&"$log"
-    rc=$?
-    [ "$rc" = 0 ] || echo "acceptance: exit status $rc after $((SECONDS - ${started:-0})) s" >&"$log"
-  fi
+  python_step "$limit" "$@" 2>&"$log"  # with no time left, bounded's refusal is the step's part
+  rc=$?
+  [ "$rc" = 0 ] || echo "acceptance: exit status $rc after $((SECONDS - ${started:-0})) s" >&"$log"
   exec {log}>&-
   return $rc
 }

@@ -61,7 +61,8 @@ HUNG_MARK = re.compile(r"(?:(?<![A-Za-z_])|(?<=\\n))HUNG rank=(\d+) (\S+) after 
 #: tests/launch.py's note on a job past its limit, and acceptance.sh's on a part past its own.
 LIMIT_NOTE = re.compile(r"still running at the (\d+) s limit")
 PART_LIMIT_NOTE = re.compile(r"acceptance: HUNG: still running at its (\d+) s limit")
-PART_SKIPPED = "acceptance: out of time"
+#: limits.sh's bounded, refusing a step (a part, a set-up step) that the budget left no time for.
+PART_SKIPPED = re.compile(r"^acceptance: out of time \(budget \S+ s\), not started: ", re.MULTILINE)
 #: acceptance.sh's last line in every part's log (in set-up.txt, in a step's that did not exit 0).
 EXIT_NOTE = re.compile(r"acceptance: exit status (\d+) after")
 #: The set-up's Python steps' log, and the line that starts each step's part of it (limits.sh's setup_step).
@@ -176,7 +177,7 @@ def read_log(path: Path) -> Log | None:
 
 def parse_log(name: str, text: str) -> Log:
     """Parse one log's text (pytest -v or a rank program's, or a set-up step's), ``name`` naming it."""
-    log = Log(name, PART_SKIPPED in text)
+    log = Log(name, bool(PART_SKIPPED.search(text)))
     log.text = text
     started: list[str] = []
     section: list[str] | None = None
@@ -442,10 +443,10 @@ def setup_failures(path: Path) -> list[str]:
     for command, log in setup_steps(read_text(path, nul="\n") or ""):  # a NUL ends a line: a step's may follow
         name = command if len(command) <= 100 else command[:97] + "..."
         where = f"`{name.replace('`', chr(39))}`" if command else "before its first step"
-        if fate := ended_badly(log, "the step"):
-            lines.append(f"- {SETUP_LOG}, {where}: {fate}")
-        elif log.skipped:
+        if log.skipped:  # before its exit status: a step given no time "exits" 124 too
             lines.append(f"- {SETUP_LOG}, {where}: did not run (no time left)")
+        elif fate := ended_badly(log, "the step"):
+            lines.append(f"- {SETUP_LOG}, {where}: {fate}")
     return lines
 
 
@@ -463,10 +464,10 @@ def other_parts(out: Path) -> list[str]:
         log = read_log(path)
         if log is None:
             continue
-        if fate := ended_badly(log):
-            lines.append(f"- {path.name}: {fate}")
-        elif log.skipped:
+        if log.skipped:
             lines.append(f"- {path.name}: did not run (no time left)")
+        elif fate := ended_badly(log):
+            lines.append(f"- {path.name}: {fate}")
     return lines
 
 

@@ -179,6 +179,30 @@ def test_tensors_are_held_until_ucc_is_done_with_them():
     assert gone() is None, "the tensor was kept after the work completed"
 
 
+def test_temporaries_of_local_steps_queued_on_the_side_stream_are_held_until_those_have_landed():
+    # On a GPU the caching allocator hands a freed temporary's memory at once to the stream it was made on (the
+    # caller's), whose next kernels would overwrite a stand-in that a copy queued on the side stream has yet to
+    # read. The device here runs queued work only when told (late), as a GPU that lags the host.
+    gated = Gated(late=True)
+    out = torch.zeros(4)
+    stand_in = torch.full((4,), 5.0)  # a contiguous stand-in for a non-contiguous output, say
+    gone = weakref.ref(stand_in)
+    pending, request = gated.call("all_gather", after=[lambda stage=stand_in: out.copy_(stage)])
+    del stand_in
+    gated.device.run()  # the caller's stream reaches the gate
+    assert not pending.test() and request.posted
+    request.done = True
+    del request
+    assert not pending.test(), "completed before its local steps landed"
+    gc.collect()
+    assert gone() is not None, "a temporary was released while the local steps that read it were still queued"
+    gated.device.run()
+    assert pending.test()
+    gc.collect()
+    assert gone() is None, "a temporary was kept after its local steps landed"  # the Work still holds the Pending
+    pending.finish()
+
+
 def test_a_blocking_operation_whose_inputs_never_come_times_out_unposted():
     gated = Gated()
     gated.device.hold(gated.device.user)  # never released

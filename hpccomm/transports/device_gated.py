@@ -24,8 +24,11 @@ wedged stream. One operation, in order:
    staged path.
 
 The tensors and temporaries stay referenced until the communication has
-ended, so the caching allocator cannot hand their memory out while it is
-read or written. Every thread that polls binds the group's device and its
+ended and, where the local steps run on the side stream, until those have
+landed: torch's caching allocator hands a freed block out again at once to
+the stream it was made on (the caller's), whose next kernels would then
+overwrite a temporary that a copy still queued on the side stream has yet
+to read. Every thread that polls binds the group's device and its
 CUDA context first (:meth:`DeviceOps.bind_thread`): hpccomm's progress thread
 starts without one, and UCX and CUDA-aware MPIs touch device memory from the
 thread that progresses them.
@@ -77,6 +80,8 @@ class GatedPending:
         self._ops = ops
         self._inner: Pending | None = inner
         self._landed: Any = None
+        #: The operation while its local steps, queued on the side stream, have not landed: what they read.
+        self._landing: Pending | None = None
         self._error: BaseException | None = None
         self._source_rank = -1
 
@@ -86,14 +91,17 @@ class GatedPending:
         return path_of(self._inner)
 
     def test(self) -> bool:
-        if self._landed is not None:
-            return self._ops.query(self._landed)
-        if not self._ended():
+        if self._landed is None:
+            if not self._ended():
+                return False
+            side = self._ops.side_stream()
+            self._landing = self._inner
+            self._ops.call_on(side, self._finish_inner)
+            self._landed = self._ops.record(side)
+        if not self._ops.query(self._landed):
             return False
-        side = self._ops.side_stream()
-        self._ops.call_on(side, self._finish_inner)
-        self._landed = self._ops.record(side)
-        return self._ops.query(self._landed)
+        self._landing = None  # the local steps have run: their temporaries may go back to the allocator
+        return True
 
     def test_inline(self) -> bool:
         """:meth:`test` for a blocking call: done once the local steps are queued on the caller's stream."""
@@ -126,7 +134,8 @@ class GatedPending:
             return True
 
     def _finish_inner(self) -> None:
-        inner, self._inner = self._inner, None  # and with it the tensors, once the steps are queued
+        # And with it the tensors, once the steps are queued (on the side stream: once they have landed).
+        inner, self._inner = self._inner, None
         if inner is None or self._error is not None:
             return
         self._source_rank = getattr(inner, "source_rank", -1)

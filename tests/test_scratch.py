@@ -169,3 +169,31 @@ def test_an_operation_in_flight_beside_a_late_copy_back_gets_a_buffer_of_its_own
     assert second.data_ptr() != first, "handed out while its copy back on the side stream had not run"
     device.run()
     assert pending.test()
+
+
+
+def test_a_buffer_too_small_goes_back_to_the_allocator_only_once_its_copy_back_cannot_be_overtaken():
+    # torch's allocator hands a freed buffer's memory at once to the stream current when it was made (here the
+    # caller's): one whose copy back still waits on another stream must not be freed to make room for a larger
+    # one, though that stream's order makes it free for an operation gated there.
+    device = FakeDevice(late=True)
+    scratch = Scratch(device, torch.device("cpu"))
+    out, copy_back = scratch.take(torch.zeros(10), device.current_stream())  # 1 MiB, made on the caller's stream
+    device.call_on(device.side, copy_back)  # queued on the side stream, not run
+    storage = weakref.ref(scratch._buffers[0].storage)
+    del out, copy_back
+    big, _ = scratch.take(torch.zeros(GRANULE), device.side)  # 4 MiB, gated on the side stream, after the copy back
+    gc.collect()
+    assert storage() is not None, "freed to the caller's stream before its copy back on the side stream ran"
+    assert scratch.nbytes == 5 * GRANULE, scratch.nbytes
+    device.run()  # the copy back has run: the small one may go now
+    bigger, _ = scratch.take(torch.zeros(2 * GRANULE), device.side)  # 8 MiB
+    gc.collect()
+    assert storage() is None and scratch.nbytes == 12 * GRANULE, scratch.nbytes
+    # One whose copy back went on the stream it was made on may go at once: the allocator orders its reuse after it.
+    made_here, back = scratch.take(torch.zeros(3 * GRANULE), device.current_stream())  # 12 MiB
+    device.call_on(device.current_stream(), back)  # not run
+    del made_here, back
+    scratch.take(torch.zeros(4 * GRANULE), device.current_stream())  # 16 MiB, in its place
+    assert scratch.nbytes == 28 * GRANULE, scratch.nbytes
+    del big, bigger

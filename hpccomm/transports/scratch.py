@@ -23,7 +23,11 @@ blocking calls, whose copies back go on the caller's stream, share one
 buffer however far the GPU lags; operations in flight at the same time
 (DDP's buckets, whose copies back go on the side stream) each get a buffer
 of their own. On an H100, before that rule, three blocking 8 MiB
-all-reduces held two buffers.
+all-reduces held two buffers. A buffer too small for the next message goes
+back to torch's allocator only once that cannot hand its memory to a kernel
+that runs before the copy back: the allocator gives a freed block at once to
+the stream that was current when it was made, so the copy back must have run,
+or have been queued on that same stream.
 """
 
 from __future__ import annotations
@@ -44,10 +48,12 @@ GRANULE = 1 << 20
 class _Buffer:
     """One allocation: free once its last handed-out tensor is gone and ``copied`` (if any) has completed."""
 
-    __slots__ = ("storage", "user", "copied", "copied_on")
+    __slots__ = ("storage", "made_on", "user", "copied", "copied_on")
 
-    def __init__(self, nbytes: int, device: torch.device) -> None:
+    def __init__(self, nbytes: int, device: torch.device, made_on: Any) -> None:
         self.storage = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        #: The stream current when it was made: torch's caching allocator hands its memory, once freed, to that one.
+        self.made_on = made_on
         self.user: weakref.ref[torch.Tensor] | None = None
         self.copied: Any = None
         #: The stream the copy back was queued on (``copied`` was recorded there).
@@ -79,7 +85,8 @@ class Scratch:
 
         The buffer is a flat tensor of ``target``'s dtype and element count that
         no operation in flight uses: the smallest free one that fits; else the
-        largest free one is replaced by a larger one; else a new one is made.
+        largest free one that can go back to torch's allocator (the module
+        docstring) is replaced by a larger one; else a new one is made.
         The step queues ``target.copy_(buffer)`` on the stream current when it
         runs, then an event after which the buffer is free again.
 
@@ -96,9 +103,10 @@ class Scratch:
             if fits:
                 buffer = min(fits, key=lambda b: b.storage.numel())
             else:
-                if free:  # too small for this message: its memory goes back to torch's allocator
-                    self._buffers.remove(max(free, key=lambda b: b.storage.numel()))
-                buffer = _Buffer(-(-nbytes // GRANULE) * GRANULE, self._device)
+                spent = [buffer for buffer in free if self._can_go(buffer)]
+                if spent:  # too small for this message: its memory goes back to torch's allocator
+                    self._buffers.remove(max(spent, key=lambda b: b.storage.numel()))
+                buffer = _Buffer(-(-nbytes // GRANULE) * GRANULE, self._device, self._ops.current_stream())
                 self._buffers.append(buffer)
             out = buffer.storage[:nbytes].view(target.dtype)
             buffer.user = weakref.ref(out)
@@ -119,6 +127,10 @@ class Scratch:
         if buffer.copied is None or (gate is not None and buffer.copied_on == gate):
             return True  # never copied back (its operation failed), or stream order frees it
         return self._ops.query(buffer.copied)
+
+    def _can_go(self, buffer: _Buffer) -> bool:
+        """Whether a free buffer's memory can go back to torch's allocator now, its copy back on the stream or run."""
+        return buffer.copied is None or buffer.copied_on == buffer.made_on or self._ops.query(buffer.copied)
 
     def close(self) -> None:
         """Give the buffers back to torch's allocator, each once it is free.

@@ -7,12 +7,13 @@ Each rank times, on the device hpccomm gives it, ``--iters`` calls of each of:
 
 * ``staged, ...``: what the staged path does around its communication, with
   none, through the same device seam (``CudaOps``): an event on the current
-  stream, the side stream waiting on it, a copy into pinned host memory on the
-  side stream, an event polled until done, the copy back, an event; three
-  ways: the side stream entered with ``torch.cuda.set_stream`` and back (as
-  ``CudaOps`` does) or, as it did before, with ``with torch.cuda.stream``, and
-  the landing awaited by the host spinning on its event or by the current
-  stream waiting on it (the host goes on at once, as a blocking call does);
+  stream, the gate stream waiting on it, a copy into pinned host memory on the
+  gate stream, an event polled until done, the copy back on the side stream,
+  an event; three ways: each stream entered with ``torch.cuda.set_stream``
+  and back (as ``CudaOps`` does) or, as it did before, with ``with
+  torch.cuda.stream``, and the landing awaited by the host spinning on its
+  event or by the current stream waiting on it (the host goes on at once, as a
+  blocking call does);
 * ``tensor.cpu()``: torch's own blocking copy out, for scale;
 * ``hpccomm all_reduce``: the real blocking call on the same tensor.
 
@@ -60,10 +61,10 @@ def staged_round_trip(tensor: torch.Tensor, ops: DeviceOps, landing: str) -> Cal
     host = ops.host_buffer(tensor)
 
     def once() -> None:
-        side = ops.side_stream()
-        ops.wait_event(side, ops.record(ops.current_stream()))
-        ops.copy([(host, tensor)], side)
-        spin(ops, ops.record(side))
+        gate, side = ops.gate_stream(), ops.side_stream()
+        ops.wait_event(gate, ops.record(ops.current_stream()))
+        ops.copy([(host, tensor)], gate)
+        spin(ops, ops.record(gate))
         ops.copy([(tensor, host)], side)
         landed = ops.record(side)
         if landing == "spin":

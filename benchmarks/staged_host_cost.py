@@ -85,13 +85,13 @@ from hpccomm.work import complete_inline  # noqa: E402
 from per_call import nothing_group  # noqa: E402
 from torch._C._distributed_c10d import AllreduceOptions  # noqa: E402
 
-_STREAM, _SIDE, _EVENT = object(), object(), object()
+_STREAM, _GATE, _SIDE, _EVENT = object(), object(), object(), object()
 
 
 class FreeOps:
     """A :class:`~hpccomm.transports.device_ops.DeviceOps` that costs next to nothing.
 
-    One caller's stream and one side stream that run everything at once:
+    One caller's stream, one gate and one side stream that run everything at once:
     events have completed when recorded, copies are ``copy_`` on the host.
     """
 
@@ -100,6 +100,9 @@ class FreeOps:
 
     def side_stream(self) -> Any:
         return _SIDE
+
+    def gate_stream(self) -> Any:
+        return _GATE
 
     def record(self, stream: Any) -> Any:
         return _EVENT

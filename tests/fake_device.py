@@ -51,7 +51,7 @@ class FakeStream:
 
 
 class FakeDevice:
-    """Streams ``user`` (the caller's) and ``side`` (the transport's), run on demand.
+    """Streams ``user`` (the caller's), ``gate`` and ``side`` (the transport's), run on demand.
 
     Args:
         capturing: pretend a CUDA graph is being captured (staging must refuse).
@@ -61,7 +61,9 @@ class FakeDevice:
 
     def __init__(self, capturing: bool = False, late: bool = False) -> None:
         self.user = FakeStream("user")
+        self.gate = FakeStream("gate")
         self.side = FakeStream("side")
+        self._streams = (self.user, self.gate, self.side)
         self.capturing = capturing
         #: What ran, in order: ("copy", stream name), ("call", stream name), ...
         self.trace: list[tuple[str, str]] = []
@@ -97,7 +99,7 @@ class FakeDevice:
         while True:
             self.run()
             with self._lock:
-                if not any(stream.tasks for stream in (self.user, self.side)):
+                if not any(stream.tasks for stream in self._streams):
                     return
             time.sleep(0.001)
 
@@ -137,7 +139,7 @@ class FakeDevice:
             moved = True
             while moved:
                 moved = False
-                for stream in (self.user, self.side):
+                for stream in self._streams:
                     while stream.tasks and not stream.held:
                         kind, arg = stream.tasks[0]
                         if kind == "wait" and not arg.done:
@@ -175,6 +177,9 @@ class FakeDevice:
 
     def side_stream(self) -> FakeStream:
         return self.side
+
+    def gate_stream(self) -> FakeStream:
+        return self.gate
 
     def record(self, stream: FakeStream) -> FakeEvent:
         with self._lock:

@@ -434,11 +434,12 @@ class GenericTriggeredLib(ScriptedLib):
     """UCC's generic triggered post (tl/ucp) over the simulated device, as UCC 1.8's src/core/ucc_coll.c runs it.
 
     ``ucc_collective_triggered_post`` queues nothing on the stream. The first
-    progress after it (``ucc_trigger_test``) starts the executor on the side
-    stream: a kernel that spins there until the host stops it, which UCC does
-    as the collective ends (its result written by then). ``spinning`` says
-    whether the executor's kernel is on the side stream now: a kernel launched
-    for the first time meanwhile may wait for it forever (lazy loading).
+    progress after it (``ucc_trigger_test``) starts the executor on the
+    engine's stream (the gate stream): a kernel that spins there until the
+    host stops it, which UCC does as the collective ends (its result written
+    by then). ``spinning`` says whether the executor's kernel is on that stream
+    now: a kernel launched for the first time meanwhile may wait for it
+    forever (lazy loading).
     """
 
     def __init__(self, device: FakeDevice, polls: int, result: torch.Tensor, value: float) -> None:
@@ -450,10 +451,10 @@ class GenericTriggeredLib(ScriptedLib):
     def hpccomm_ucc_poll(self, context: object, handle: object) -> int:
         status = super().hpccomm_ucc_poll(context, handle)
         if self.stop is None:
-            self.stop, self.spinning = self.device.stall(self.device.side), True  # the executor starts
+            self.stop, self.spinning = self.device.stall(self.device.gate), True  # the executor starts
         if status == self.UCC_OK:
             self.result.fill_(self.value)  # the collective's result, in the scratch
-            self.stop()  # executor stop: the kernel leaves the side stream
+            self.stop()  # executor stop: the kernel leaves the gate stream
             self.spinning = False
         return status
 

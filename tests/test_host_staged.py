@@ -133,6 +133,28 @@ def test_the_work_completes_only_once_the_results_have_landed():
     assert x.tolist() == [2.0] * 3
 
 
+def test_a_copy_back_waits_for_no_kernel_the_caller_queued_after_the_call():
+    # One stream that both waited on the caller's stream for each call's inputs and copied results back put an
+    # operation's copy back behind the next call's wait: behind the caller's kernels queued between the two calls.
+    transport, device, host = staged()
+    x = torch.ones(3)
+    first = transport.allreduce([x], SUM)
+    assert not first.test() and len(host.posts) == 1
+    finish_kernel = device.stall(device.user)  # a long kernel, queued after the call
+    later = torch.ones(2)
+    second = transport.allreduce([later], SUM)  # its inputs wait for that kernel
+    host.gates[0].open = True
+    try:
+        assert first.test(), "the copy back waited for a kernel the caller queued after the call"
+        assert x.tolist() == [2.0] * 3
+        assert not second.test() and len(host.posts) == 1, "posted before the caller's stream produced the input"
+    finally:
+        finish_kernel()
+    assert not second.test() and len(host.posts) == 2
+    host.gates[1].open = True
+    assert second.test() and later.tolist() == [2.0] * 2
+
+
 def test_a_blocking_call_ends_once_its_copy_back_is_queued_on_the_callers_stream():
     transport, device, host = staged()
     x = torch.ones(3)

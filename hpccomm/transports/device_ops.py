@@ -5,10 +5,16 @@ on its stream has produced them, and must not let the caller's stream read
 the results before they have landed. The transports that move device tensors
 (:mod:`hpccomm.transports.host_staged`) express that ordering through
 :class:`DeviceOps` alone: record an event on a stream, make a stream wait on
-an event, ask whether an event has completed, copy on a stream. Everything that decides *when* to do which lives in the
-transport and is tested on the CPU with an implementation of this seam made
-for tests (``tests/fake_device.py``); :class:`CudaOps`, the real one, is a
-thin layer over ``torch.cuda`` and runs only where a GPU does.
+an event, ask whether an event has completed, copy on a stream. Two streams
+of the group's own keep the two directions apart: the gate stream waits for
+the caller's stream before it reads an operation's inputs (or starts a
+triggered collective); the side stream, which never waits for the caller,
+lands the results. Were they one, an operation's results would land only
+after the inputs of every operation called after it, and so after the
+caller's kernels queued in between. Everything that decides *when* to do
+which lives in the transport and is tested on the CPU with an implementation
+of this seam made for tests (``tests/fake_device.py``); :class:`CudaOps`, the
+real one, is a thin layer over ``torch.cuda`` and runs only where a GPU does.
 """
 
 from __future__ import annotations
@@ -31,7 +37,14 @@ class DeviceOps(Protocol):
         """The stream the calling thread queues its work on."""
 
     def side_stream(self) -> Any:
-        """The stream a transport's copies run on, apart from the caller's."""
+        """The stream a transport lands results on (copies back, local steps), apart from the caller's.
+
+        It never waits for the caller's stream: what it runs waits only for
+        communication that has ended.
+        """
+
+    def gate_stream(self) -> Any:
+        """The stream that waits for the caller's stream before a transport reads an operation's inputs."""
 
     def record(self, stream: Any) -> Any:
         """An event that completes once ``stream`` reaches this point."""
@@ -75,6 +88,7 @@ class CudaOps:
         self._index = device.index
         # Created once per group: streams are cheap to keep, costly to create per call.
         self._side = torch.cuda.Stream(device=device)
+        self._gate = torch.cuda.Stream(device=device)
         self._bound = threading.local()
 
     def current_stream(self) -> Any:
@@ -82,6 +96,9 @@ class CudaOps:
 
     def side_stream(self) -> Any:
         return self._side
+
+    def gate_stream(self) -> Any:
+        return self._gate
 
     def record(self, stream: Any) -> Any:
         event = torch.cuda.Event()

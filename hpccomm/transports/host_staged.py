@@ -4,7 +4,7 @@ The path for CUDA tensors where UCC cannot carry them (not built, or no CUDA in
 it) and for small messages, as Gloo moves CUDA tensors. One operation, in
 order:
 
-1. the caller's stream records an event, the side stream waits on it and
+1. the caller's stream records an event, the gate stream waits on it and
    copies the op's input tensors into host buffers (pinned), then records
    ``copied``: the copies never read a tensor before the caller's queued
    work has written it, and the caller's thread does not block;
@@ -14,7 +14,10 @@ order:
    (:class:`~hpccomm.transports.call_order.CallOrder`), so every rank posts its
    collectives in one order;
 3. once the host communication has completed, the side stream copies the
-   results back into the op's output tensors and records ``landed``;
+   results back into the op's output tensors and records ``landed``. The
+   side stream waits for nothing of the caller's (the caller's work before
+   the call has run by then: ``copied`` came after it), so no kernel the
+   caller queues after the call, before a later call's gate, delays it;
 4. the operation completes when ``landed`` has: the Work's ``wait()`` and
    future then hand over tensors whose values are in place on any stream.
 
@@ -187,8 +190,8 @@ class HostStagedTransport(Transport):
         """Queue the input copies and the operation (steps 1 and 2)."""
         ops = self.ops
         ops.check_can_stage(op)
-        side, caller = ops.side_stream(), ops.current_stream()
-        ops.wait_event(side, ops.record(caller))
+        gate, caller = ops.gate_stream(), ops.current_stream()
+        ops.wait_event(gate, ops.record(caller))
         stand_ins: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         for tensor in (*inputs, *outputs):
             if id(tensor) not in stand_ins:
@@ -198,9 +201,9 @@ class HostStagedTransport(Transport):
             return stand_ins[id(tensor)][1]
 
         if inputs:
-            ops.copy([(host_of(tensor), tensor) for tensor in inputs], side)
+            ops.copy([(host_of(tensor), tensor) for tensor in inputs], gate)
         back = [(tensor, host_of(tensor)) for tensor in outputs]
-        pending = StagedPending(self.order, ops, post, host_of, stand_ins, back, ops.record(side), caller)
+        pending = StagedPending(self.order, ops, post, host_of, stand_ins, back, ops.record(gate), caller)
         self.order.add(pending)
         return pending
 
@@ -215,13 +218,13 @@ class HostStagedTransport(Transport):
         """
         ops = self.ops
         ops.check_can_stage(op)
-        side, caller = ops.side_stream(), ops.current_stream()
-        ops.wait_event(side, ops.record(caller))
+        gate, caller = ops.gate_stream(), ops.current_stream()
+        ops.wait_event(gate, ops.record(caller))
         host = ops.host_buffer(tensor)
         if read:
-            ops.copy([(host, tensor)], side)
+            ops.copy([(host, tensor)], gate)
         back = [(tensor, host)] if written else ()
-        pending = StagedPending(self.order, ops, post, host, tensor, back, ops.record(side), caller)
+        pending = StagedPending(self.order, ops, post, host, tensor, back, ops.record(gate), caller)
         self.order.add(pending)
         return pending
 

@@ -93,8 +93,9 @@ class Scratch:
         Args:
             target: the caller's contiguous tensor the reduction is for.
             gate: the stream whose event will gate the operation's first use of
-                the buffer (the caller's, host-gated; the side stream, triggered):
-                a buffer whose copy back was queued there is free at once.
+                the buffer (the caller's: the post waits for it, or, triggered,
+                the gate stream does): a buffer whose copy back was queued there
+                is free at once.
         """
         nbytes = target.nbytes
         with self._lock:

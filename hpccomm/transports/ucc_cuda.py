@@ -28,8 +28,8 @@ applies: on an H100 a lone rank sat in ``ucc_collective_init``.
 Point-to-point and barriers go through the staged path: UCC has no
 point-to-point calls and the MPI here need not be CUDA-aware.
 
-``HPCCOMM_UCC_TRIGGERED=1`` posts on an execution engine over the side stream
-instead (design (b), :meth:`UCCCudaTransport._post`): the side stream waits on
+``HPCCOMM_UCC_TRIGGERED=1`` posts on an execution engine over the gate stream
+instead (design (b), :meth:`UCCCudaTransport._post`): the gate stream waits on
 the caller's event and UCC starts the collective when the stream gets there.
 Where the team layer has no triggered post of its own (tl/ucp: UCC's generic
 one, ``ucc_trigger_test`` in UCC 1.8's ``src/core/ucc_coll.c``), the call
@@ -152,7 +152,7 @@ class UCCCudaTransport(UCCTransport):
         staged: the group's staged transport, for point-to-point (not closed here: it belongs to :class:`BySize`).
         ops: the device's streams and events.
         device: the group's device (host memory for the tests' simulated device).
-        triggered: post on an execution engine on the side stream (design (b)).
+        triggered: post on an execution engine on the gate stream (design (b)).
         in_place: how reductions into the caller's tensor run (``HPCCOMM_UCC_IN_PLACE``):
             ``scratch``, out of place into the group's :class:`~hpccomm.transports.scratch.Scratch`
             then copied back on the stream; ``native`` or ``tuned``, UCC's in-place flag.
@@ -279,8 +279,8 @@ class UCCCudaTransport(UCCTransport):
         """Out of place into the scratch, copied back into ``work`` first among the local steps."""
         if self.scratch is None:
             return super()._in_place(args, work, datatype, after)
-        # The stream the post waits for (host-gated, or on the side stream, triggered): a buffer whose copy back
-        # went there before is free at once.
+        # The stream the post waits for (host-gated; triggered, the gate stream waits for it in turn): a buffer
+        # whose copy back went there before is free at once.
         out, copy_back = self.scratch.take(work, self.ops.current_stream())
         self._info(args.src.info, work, datatype)
         self._info(args.dst.info, out, datatype)
@@ -297,7 +297,7 @@ class UCCCudaTransport(UCCTransport):
         except UCCError as exc:
             raise _unsupported(exc, self._lib) from exc
         if self._engine is not None:
-            ops.wait_event(ops.side_stream(), ops.record(ops.current_stream()))
+            ops.wait_event(ops.gate_stream(), ops.record(ops.current_stream()))
             request.post_on(self._engine)
         else:
             self.order.add(GatedPost(request, ops.record(ops.current_stream()), ops))
@@ -311,9 +311,9 @@ class UCCCudaTransport(UCCTransport):
 
 
 def _engine(team: Team, ops: DeviceOps) -> Any:
-    """The execution engine on the side stream, for ``HPCCOMM_UCC_TRIGGERED``; a refusal says what to do."""
+    """The execution engine on the gate stream, for ``HPCCOMM_UCC_TRIGGERED``; a refusal says what to do."""
     try:
-        return team.execution_engine(ops.side_stream().cuda_stream)
+        return team.execution_engine(ops.gate_stream().cuda_stream)
     except UCCError as exc:
         raise RuntimeError(
             f"hpccomm: HPCCOMM_UCC_TRIGGERED=1 needs UCC's CUDA execution engine ({exc}); unset it to post "
@@ -324,7 +324,7 @@ def _engine(team: Team, ops: DeviceOps) -> Any:
 class TriggeredPending(GatedPending):
     """A triggered operation (design (b)): posted at the call, its local steps queued once its requests have ended.
 
-    Until then UCC's executor may spin on the side stream (the module
+    Until then UCC's executor may spin on the gate stream (the module
     docstring); once they have, UCC has stopped it, and the local steps go
     where :class:`~hpccomm.transports.device_gated.GatedPending` puts them: on
     the side stream, or on the caller's stream for a blocking call.

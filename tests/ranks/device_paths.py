@@ -308,6 +308,27 @@ def wait_returns_while_a_kernel_queued_after_the_call_still_runs() -> None:
         finish_kernel()
 
 
+@check
+def wait_returns_while_a_kernel_queued_before_a_later_call_still_runs() -> None:
+    # The same, with a call after the kernel (DDP's next bucket): its inputs wait for the kernel on a stream of
+    # hpccomm's, which must not be the one the first operation's results land on (it was: the copies back
+    # waited for the kernel). Staged after one routed to device memory, where the path has one, else staged.
+    x = torch.arange(8, dtype=torch.float32).view(2, 4).t() + RANK
+    expected = torch.arange(8, dtype=torch.float32).view(2, 4).t() * SIZE + sum(range(SIZE))
+    work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 20.0)
+    finish_kernel = DEVICE.stall(DEVICE.user)
+    y = torch.full((2,), float(RANK))
+    later = HpcWork(STAGED.allreduce([y], red(dist.ReduceOp.SUM, y.dtype)), [y], label(), 20.0)
+    try:
+        work.wait()
+        assert torch.equal(x, expected), x
+        assert not later.is_completed(), "the later call read its input before the kernel queued ahead of it ended"
+    finally:
+        finish_kernel()
+    later.wait()
+    assert y.tolist() == [ranks_sum(0.0)] * 2, y
+
+
 class LazyTeamLayer:
     """A team layer that sets itself up inside the team's first ``ucc_collective_init``, stood in for on host memory.
 

@@ -168,11 +168,27 @@ def the_compute_stream_runs_while_the_collective_does() -> None:
     # so that a failure names the stage that waited for the kernel: on the host-gated UCC path, "posted"
     # (UCC's post: the caller's stream reached the gate) and "ended" (UCC's request ended and the local
     # steps were queued), in ms since the call; other paths have neither.
+    completes_before_the_kernel_queued_after_it(later_call=False)
+
+
+@check
+def results_land_before_a_kernel_queued_ahead_of_a_later_call() -> None:
+    # The same with a second, small call after the kernel (DDP's next bucket), whose inputs wait for the
+    # kernel on a stream of hpccomm's: the first one's results must not land behind it (until 2026-12-06 the
+    # staged path's copies back and the host-gated path's local steps shared that stream; caught on the CPU by
+    # tests/ranks/device_paths.py, never run on a GPU before).
+    completes_before_the_kernel_queued_after_it(later_call=True)
+
+
+def completes_before_the_kernel_queued_after_it(later_call: bool) -> None:
+    """An async all-reduce, a 0.5 s kernel queued after it (and a small async all-reduce after that, where
+    ``later_call``): the first completes before the kernel ends, on both kinds of stream, with right values."""
     late = []
     for name, stream in (("default stream", torch.cuda.default_stream(DEVICE)),
                          ("a stream of the caller's", torch.cuda.Stream(device=DEVICE))):
         with torch.cuda.stream(stream):
             t = torch.ones(1 << 20, device=DEVICE)
+            small = torch.ones(1, device=DEVICE)
             stream.synchronize()
             with StageStamps() as stamps:
                 stamps.call()
@@ -180,6 +196,7 @@ def the_compute_stream_runs_while_the_collective_does() -> None:
                 torch.cuda._sleep(1_000_000_000)  # about 0.5 s: far beyond the collective
                 slept = torch.cuda.Event()
                 slept.record(stream)
+                later = dist.all_reduce(small, async_op=True) if later_call else None
                 completed = kernel_ended = None
                 while completed is None:  # polled: is_completed() drives the work as wait() would
                     kernel_done = slept.query()  # before the work's poll: a late kernel is never missed
@@ -189,11 +206,14 @@ def the_compute_stream_runs_while_the_collective_does() -> None:
                         kernel_ended = stamps.ms_since_call()
                     time.sleep(0.0005)
                 work.wait()
+                if later is not None:
+                    later.wait()
             if kernel_ended is not None:
                 late.append(f"{name}: the work completed {completed:.0f} ms after the call, the kernel queued after "
                             f"it ended at {kernel_ended:.0f} ms; stages {stamps.stages_ms()}")
             stream.synchronize()
             assert bool((t == SIZE).all()), (name, t[:4])
+            assert small.item() == (SIZE if later_call else 1), (name, small.item())
     assert not late, "the host waited for the compute stream: " + " | ".join(late)
 
 

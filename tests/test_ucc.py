@@ -21,6 +21,12 @@ def test_binding_on_its_own(nprocs):
     assert len(run.lines("TORN DOWN")) == nprocs, run.output[-4000:]
 
 
+def test_a_team_whose_creation_a_peer_stops_finishing_gives_up_at_its_timeout():
+    """Past the out-of-band exchange too (a rank stopped inside it: ucc_team_stall.py), at 3 ranks."""
+    run = run_ranks(3, "ucc_team_stall.py", env={"RANKCHECK_LIMIT_S": "30"})
+    assert_all_ranks_ok(run, 3)
+
+
 @pytest.mark.parametrize("nprocs", [1, 3])
 def test_ucc_transport_specifics(nprocs):
     run = run_ranks(nprocs, "ucc_transport.py", env=ON_UCC)

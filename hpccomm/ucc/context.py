@@ -74,7 +74,7 @@ class Context:
         """``ucc_context_destroy``, collective; True if it ran.
 
         A context with teams left (one holds an operation that never
-        completed) is left alone for the process's end.
+        completed, or its creation gave up) is left alone for the process's end.
 
         Args:
             timeout_s: how long its closing barrier waits for the other ranks;

@@ -28,9 +28,10 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 
-#: A goodbye names at most this many groups, the newest first: goodbyes stay small enough for MPI's eager
-#: protocol (a few KiB), so their sends complete whether or not the other rank is still there to match them.
-#: A departed rank whose goodbye left out a group counts as not having done its part on it.
+#: A goodbye names at most this many groups, the newest first (after any with a collective promised: see
+#: :func:`_told`): goodbyes stay small enough for MPI's eager protocol (a few KiB), so their sends complete
+#: whether or not the other rank is still there to match them. A departed rank whose goodbye left out a group
+#: counts as not having done its part on it.
 MOST_GROUPS = 64
 
 #: What a goodbye says of one group to one rank: (collectives posted and promised, messages posted to the told
@@ -118,10 +119,23 @@ class Ledger:
         return self.collectives + self.promised, self.sent.get(rank, 0), self.received.get(rank, 0)
 
 
+def _told() -> list[Ledger]:
+    """The ledgers in the order a goodbye names them: first those with a collective promised after it, then the
+    newest first.
+
+    A promised collective (UCC's teardown barrier over the process's UCC context, which was made with the first
+    UCC group) is one the other ranks wait in after the goodbye has reached them: left out of it, as the oldest
+    group was once more than MOST_GROUPS newer ones (every UCC group's bootstrap keeps a ledger) came after, it
+    read as a rank that left without its part, and the others' teardown gave up on it.
+    """
+    return sorted(reversed(_ledgers), key=lambda ledger: not ledger.promised)
+
+
 def facts_for(mpi_rank: int) -> dict[str, Facts]:
-    """A goodbye's facts for the rank ``mpi_rank`` of ``MPI_COMM_WORLD``: one entry a group it shares, newest first."""
+    """A goodbye's facts for the rank ``mpi_rank`` of ``MPI_COMM_WORLD``: one entry a group it shares, in
+    :func:`_told`'s order."""
     facts: dict[str, Facts] = {}
-    for ledger in reversed(_ledgers):
+    for ledger in _told():
         rank = ledger.position().get(mpi_rank)
         if rank is not None:
             facts[ledger.key()] = ledger.facts_for(rank)
@@ -131,9 +145,10 @@ def facts_for(mpi_rank: int) -> dict[str, Facts]:
 
 
 def collective_counts() -> dict[str, int]:
-    """The collectives posted and promised on each group, by group key, newest first (at most MOST_GROUPS)."""
+    """The collectives posted and promised on each group, by group key, in :func:`_told`'s order (at most
+    MOST_GROUPS)."""
     counts: dict[str, int] = {}
-    for ledger in reversed(_ledgers):
+    for ledger in _told():
         counts.setdefault(ledger.key(), ledger.collectives + ledger.promised)
         if len(counts) == MOST_GROUPS:
             break

@@ -75,6 +75,25 @@ def test_promised_collectives_count_as_done():
     assert not did_part(book.facts_for(1), "bootstrap", -1, 3)
 
 
+def test_a_group_with_a_collective_promised_is_named_in_every_goodbye_however_many_groups_came_after():
+    # UCC's context, made with the first UCC group, promises its teardown barrier just before the goodbye;
+    # every later UCC group's bootstrap keeps a ledger of its own. Left out as the oldest once more than
+    # MOST_GROUPS came after, it read as a rank that would not take part, and the other ranks' teardown gave
+    # up on it (then MPI wrote the late barrier into memory UCC had freed: a crash at exit).
+    context = Ledger("ucc-context", [0, 1], [0, 1])
+    context.post("bootstrap", -1)
+    for i in range(ledger.MOST_GROUPS + 5):
+        Ledger("ucc-team", [0, 1], [0, 1]).post("bootstrap", -1)
+    assert context.key() not in ledger.facts_for(1) and context.key() not in ledger.collective_counts()
+    context.promised = 1
+    told, counts = ledger.facts_for(1), ledger.collective_counts()
+    assert len(told) == len(counts) == ledger.MOST_GROUPS
+    assert list(told)[0] == list(counts)[0] == context.key(), list(told)[:2]
+    assert did_part(told[context.key()], "bootstrap", -1, 2) and counts[context.key()] == 2
+    newest = Ledger("ucc-team", [0, 1], [0, 1])  # then the newest, as before
+    assert list(ledger.facts_for(1))[:2] == [context.key(), newest.key()]
+
+
 class CountingFacts(dict):
     """A departed rank's facts that count how often a verdict reads them."""
 

@@ -13,11 +13,17 @@ destroy), on the calling thread.
 A waiting allgather can give up: past a deadline, or when the owner's
 ``abandoned`` callback names a reason (a peer that left the job). The test
 callback then returns an error, which makes the UCC call fail instead of
-waiting forever.
+waiting forever. MPI moves a buffer of this module's own (C memory, outside
+Python's), copied from UCC's send buffer at the start and into its receive
+buffer once complete, and freed only once MPI is done with it: an allgather
+given up stays posted in MPI, which writes a late peer's part when it comes,
+and by then UCC has freed its buffers (at exit, a crash in MPI's finalize),
+as Python may have freed its own objects.
 """
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import time
 from collections.abc import Callable
@@ -25,10 +31,16 @@ from typing import Any
 
 from . import binding
 
+_libc = ctypes.CDLL(None)
+_libc.malloc.restype = ctypes.c_void_p
+_libc.malloc.argtypes = [ctypes.c_size_t]
+_libc.free.argtypes = [ctypes.c_void_p]
+
 #: Polls between checks of the deadline and of ``abandoned`` (each costs more than a poll).
 _POLLS_PER_CHECK = 64
 
-#: request id -> (its OutOfBand, the posted MPI request, the buffers MPI writes)
+#: request id -> (its OutOfBand, [the posted MPI request, its polls, whether its result was copied out], (the
+#: address of the buffer MPI moves, its bytes sent, UCC's receive buffer))
 _requests: dict[int, tuple[OutOfBand, Any, Any]] = {}
 _request_ids = itertools.count(1)
 _callbacks_defined = False
@@ -91,13 +103,22 @@ class OutOfBand:
         oob.oob_ep = self.rank
 
     def start(self, send: Any, recv: Any, nbytes: int) -> int:
-        """Post an allgather of ``nbytes`` from ``send`` into ``recv``; a request id."""
+        """Post an allgather of ``nbytes`` from ``send`` into ``recv``; a request id.
+
+        MPI moves copies of this module's own (the module docstring); ``recv``
+        gets the result once :meth:`test` has seen it complete.
+        """
         from mpi4py import MPI
 
         ffi = self._binding.ffi
+        own = 0
         if nbytes:
-            sendbuf = MPI.buffer.fromaddress(int(ffi.cast("uintptr_t", send)), nbytes)
-            recvbuf = MPI.buffer.fromaddress(int(ffi.cast("uintptr_t", recv)), nbytes * self.size)
+            own = _libc.malloc(nbytes * (self.size + 1))  # what this rank sends, then what every rank sent
+            if not own:
+                raise MemoryError(f"hpccomm: UCC's out-of-band allgather of {nbytes} bytes")
+            ffi.memmove(ffi.cast("void *", own), send, nbytes)
+            sendbuf = MPI.buffer.fromaddress(own, nbytes)
+            recvbuf = MPI.buffer.fromaddress(own + nbytes, nbytes * self.size)
         else:
             sendbuf, recvbuf = bytearray(0), bytearray(0)
         self.failure = None
@@ -106,14 +127,19 @@ class OutOfBand:
             step()
         request = self._comm.Iallgather([sendbuf, MPI.BYTE], [recvbuf, MPI.BYTE])
         request_id = next(_request_ids)
-        _requests[request_id] = (self, [request, 0], (sendbuf, recvbuf))
+        _requests[request_id] = (self, [request, 0, False], (own, nbytes, recv))
         return request_id
 
     def test(self, request_id: int) -> int:
-        """UCC_OK once the allgather completed, UCC_INPROGRESS, or an error once it gave up."""
+        """UCC_OK once the allgather completed (its result then in UCC's buffer), UCC_INPROGRESS, or an error once
+        it gave up."""
         lib = self._binding.lib
-        _oob, state, _buffers = _requests[request_id]
-        if state[0].Test():
+        _oob, state, (own, nbytes, recv) = _requests[request_id]
+        if state[2] or state[0].Test():
+            if own and not state[2]:
+                ffi = self._binding.ffi
+                ffi.memmove(recv, ffi.cast("void *", own + nbytes), nbytes * self.size)
+            state[2] = True
             return lib.UCC_OK
         state[1] += 1
         if state[1] % _POLLS_PER_CHECK == 0:
@@ -124,9 +150,16 @@ class OutOfBand:
         return lib.UCC_INPROGRESS
 
     def free(self, request_id: int) -> None:
-        """Forget a request; one that gave up stays referenced, as MPI may still write its buffers."""
+        """Forget a request and free its buffer; one that gave up keeps its buffer for good (MPI may still write
+        it) and stays referenced."""
         entry = _requests.pop(request_id, None)
-        if entry is not None and not entry[1][0].Test():
+        if entry is None:
+            return
+        _oob, state, (own, _nbytes, _recv) = entry
+        if state[2] or state[0].Test():
+            if own:
+                _libc.free(own)
+        else:
             self._stuck.append(entry)
 
     def why_failed(self) -> str:

@@ -16,6 +16,7 @@ ucc.load()  # before MPI starts: UCC's UCX, not the MPI wheel's, becomes the pro
 
 import numpy as np
 from mpi4py import MPI
+from hpccomm.ucc.oob import OutOfBand
 from rankcheck import check, expect_error, run_all, say
 
 WORLD = MPI.COMM_WORLD
@@ -123,6 +124,37 @@ def a_collective_ucc_lacks_is_refused_at_post() -> None:
     args.dst.info.datatype = lib.UCC_DT_FLOAT32
     error = expect_error(ucc.UCCError, "ucc_collective_init/post", lambda: team.post(args, keep=data))
     assert error.status == lib.UCC_ERR_NOT_SUPPORTED, error.status
+
+
+@check
+def an_allgather_given_up_never_writes_into_ucc_buffers_when_a_late_part_arrives() -> None:
+    # A bootstrap allgather that gave up (its deadline, or a departure read wrongly) stays posted in MPI, and
+    # UCC frees its buffers. Rank 0 gives up here, marks its buffer as UCC would reuse it, then the others post
+    # their parts: MPI completes rank 0's allgather, which must land in memory of hpccomm's own, never UCC's.
+    if SIZE == 1:
+        return
+    out_of_band = OutOfBand(WORLD, timeout_s=0.0 if RANK == 0 else None)
+    send, recv = ffi.new("char[]", bytes([RANK + 1]) * 8), ffi.new("char[]", 8 * SIZE)
+    if RANK == 0:
+        request_id = out_of_band.start(send, recv, 8)
+        while (status := out_of_band.test(request_id)) == lib.UCC_INPROGRESS:
+            pass
+        assert status == lib.UCC_ERR_TIMED_OUT, status
+        out_of_band.free(request_id)
+        ffi.memmove(recv, b"\xee" * 8 * SIZE, 8 * SIZE)  # reused by UCC
+        WORLD.Barrier()  # the others post their parts now
+        for _oob, state, _buffers in out_of_band._stuck:
+            state[0].Wait()  # MPI completes it, writing the late parts
+        assert bytes(ffi.buffer(recv)) == b"\xee" * 8 * SIZE, bytes(ffi.buffer(recv))
+    else:
+        WORLD.Barrier()
+        request_id = out_of_band.start(send, recv, 8)
+        while (status := out_of_band.test(request_id)) == lib.UCC_INPROGRESS:
+            pass
+        assert status == lib.UCC_OK, status
+        out_of_band.free(request_id)
+        assert bytes(ffi.buffer(recv)) == b"".join(bytes([r + 1]) * 8 for r in range(SIZE)), bytes(ffi.buffer(recv))
+    out_of_band.close()
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

@@ -165,7 +165,7 @@ class Config:
             benchmarks/cuda_allreduce.py --compare`` measures them on the
             machine at hand.
         ucc_triggered: ``HPCCOMM_UCC_TRIGGERED``: ``1`` posts UCC's CUDA
-            collectives on an execution engine on the group's gate stream
+            collectives on an execution engine on the device's gate stream
             (``ucc_collective_triggered_post``, as PyTorch's ProcessGroupUCC)
             instead of once the host sees the inputs ready. It hung on a GPU:
             on an H100 (2026-11-27) its first all-reduce never ended (the

@@ -6,12 +6,12 @@ the results before they have landed. The transports that move device tensors
 (:mod:`hpccomm.transports.host_staged`) express that ordering through
 :class:`DeviceOps` alone: record an event on a stream, make a stream wait on
 an event, ask whether an event has completed, copy on a stream. Two streams
-of the group's own keep the two directions apart: the gate stream waits for
-the caller's stream before it reads an operation's inputs (or starts a
-triggered collective); the side stream, which never waits for the caller,
-lands the results. Were they one, an operation's results would land only
-after the inputs of every operation called after it, and so after the
-caller's kernels queued in between. Everything that decides *when* to do
+keep the two directions apart: the gate stream waits for the caller's stream
+before it reads an operation's inputs (or starts a triggered collective); the
+side stream, which never waits for the caller, lands the results. Were they
+one, an operation's results would land only after the inputs of every
+operation called after it, and so after the caller's kernels queued in
+between. Every group on a device shares its two (:class:`CudaOps`). Everything that decides *when* to do
 which lives in the transport and is tested on the CPU with an implementation
 of this seam made for tests (``tests/fake_device.py``); :class:`CudaOps`, the
 real one, is a thin layer over ``torch.cuda`` and runs only where a GPU does.
@@ -86,9 +86,10 @@ class CudaOps:
         self.device = device
         # torch.cuda parses a device index faster than a torch.device: these calls are per operation.
         self._index = device.index
-        # Created once per group: streams are cheap to keep, costly to create per call.
-        self._side = torch.cuda.Stream(device=device)
-        self._gate = torch.cuda.Stream(device=device)
+        pair = _streams.get(self._index)
+        if pair is None:
+            pair = _streams[self._index] = (torch.cuda.Stream(device=device), torch.cuda.Stream(device=device))
+        self._gate, self._side = pair
         self._bound = threading.local()
 
     def current_stream(self) -> Any:
@@ -149,6 +150,12 @@ class CudaOps:
                 "run this collective outside the graph"
             )
 
+
+#: Per CUDA device index, the gate and side streams every group on it shares: taken once (streams are cheap to
+#: keep, costly to make per call) from torch's pool, which hands its 32 streams a device in turn to every
+#: ``torch.cuda.Stream()`` of the process. Two per group wrapped around it from the 17th group on, one group's
+#: side stream then another's gate stream, which waits for its caller.
+_streams: dict[int, tuple[Any, Any]] = {}
 
 _driver: Any = None
 

@@ -378,12 +378,14 @@ def _report_thread_level(ident: Identity) -> None:
 
     level = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
              MPI.THREAD_SERIALIZED: "SERIALIZED"}.get(ident.thread_level, str(ident.thread_level))
-    print(
+    # One write, newline included: MPICH's hydra forwards each write as it comes, and another of the rank's
+    # lines once landed between this one and its newline.
+    sys.stderr.write(
         f"hpccomm: {hpccomm_run.describe_library(MPI).name} provides MPI_THREAD_{level}, not "
         "MPI_THREAD_MULTIPLE: no progress thread, so asynchronous work (DDP's gradient "
-        "all-reduces) progresses only when waited on, without overlapping compute",
-        file=sys.stderr,
+        "all-reduces) progresses only when waited on, without overlapping compute\n"
     )
+    sys.stderr.flush()
 
 
 def has_thread_multiple() -> bool:

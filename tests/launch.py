@@ -303,8 +303,10 @@ def assert_all_ranks_ok(run: RankRun, nprocs: int, tag: str = "OK") -> None:
     assert not run.timed_out, f"ranks timed out:\n{run.output[-6000:]}"
     assert run.returncode == 0, f"ranks failed (exit {run.returncode}):\n{run.output[-6000:]}"
     # Searched in the whole output, not line by line: MPICH's Hydra forwards each rank's writes as they
-    # come, so two ranks' "OK rank=1" and "OK rank=0" can share a line before their newlines arrive.
-    seen = set(re.findall(rf"(?<![A-Za-z_]){re.escape(tag)} rank=(\d+)", run.output))
+    # come, so two ranks' "OK rank=1" and "OK rank=0" can share a line before their newlines arrive, and a
+    # line of prose before its newline ("...without overlapping computeOK rank=0"). Not inside another
+    # marker, whose names are capitals and underscores ("SOAK_OK rank=0").
+    seen = set(re.findall(rf"(?<![A-Z_]){re.escape(tag)} rank=(\d+)", run.output))
     assert seen == {str(r) for r in range(nprocs)}, f"missing '{tag}' from some ranks:\n{run.output[-6000:]}"
 
 

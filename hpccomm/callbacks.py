@@ -24,6 +24,8 @@ import time
 import traceback
 from collections.abc import Callable
 
+from . import own_threads
+
 #: Runner threads at most; past that, settlements queue for the next free one.
 MAX_RUNNER_THREADS = 64
 
@@ -66,6 +68,7 @@ class CallbackRunner:
                 task = self._tasks.popleft()
                 self._running += 1
             try:
+                own_threads.ready()  # a callback may wait on device work here
                 task()
             except Exception:  # torch hands callback errors to the chained future; anything else is ours
                 sys.stderr.write("hpccomm: settling a future failed:\n" + traceback.format_exc())

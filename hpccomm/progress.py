@@ -29,7 +29,7 @@ import atexit
 import threading
 import time
 
-from . import callbacks
+from . import callbacks, own_threads
 from .work import NAP_S, SPIN_S, HpcWork
 
 _JOIN_TIMEOUT_S = 5.0
@@ -114,6 +114,7 @@ class ProgressEngine:
                     # ping-pong took 10x as long). Look again soon: a wait may time out.
                     self._wakeup.wait(_IDLE_RECHECK_S)
                     continue
+            own_threads.ready()  # what the transports need of this thread (hpccomm.own_threads)
             finished = [work for work in works if work.poll(defer_callbacks=True)]
             if finished:
                 with self._wakeup:

@@ -53,6 +53,11 @@ class FakeStream:
 class FakeDevice:
     """Streams ``user`` (the caller's), ``gate`` and ``side`` (the transport's), run on demand.
 
+    Setting ``capture_elsewhere`` stands for a CUDA graph that another thread
+    captures in "global" mode: an event query or a pinned allocation from a
+    thread not kept apart (:meth:`keep_out_of_captures`) is refused, as CUDA
+    refuses it, and the thread is named in ``broken_captures``.
+
     Args:
         capturing: pretend a CUDA graph is being captured (staging must refuse).
         late: run queued work only on :meth:`run` or from :meth:`start`'s thread, never
@@ -74,6 +79,12 @@ class FakeDevice:
         #: Per thread, the stream whose queued function the thread is running: then its current stream.
         self._running = threading.local()
         self.late = late
+        #: Another thread is capturing a CUDA graph in "global" mode (``torch.cuda.graph``'s default).
+        self.capture_elsewhere = False
+        #: The threads refused a call because of it: each broke that capture.
+        self.broken_captures: list[str] = []
+        #: The threads in thread-local capture mode (:meth:`keep_out_of_captures`).
+        self.apart_threads: set[int] = set()
 
     # -- test controls ------------------------------------------------------------------
 
@@ -170,6 +181,12 @@ class FakeDevice:
         if not self.late:
             self.run()
 
+    def _unsafe_during_capture(self, call: str) -> None:
+        """Refuse ``call`` as CUDA does while another thread captures in global mode, unless this thread is apart."""
+        if self.capture_elsewhere and threading.get_ident() not in self.apart_threads:
+            self.broken_captures.append(threading.current_thread().name)
+            raise RuntimeError(f"{call}: operation not permitted when stream is capturing (another thread's capture)")
+
     # -- DeviceOps ------------------------------------------------------------------------
 
     def current_stream(self) -> FakeStream:
@@ -192,10 +209,12 @@ class FakeDevice:
         self._queue(stream, ("wait", event))
 
     def query(self, event: FakeEvent) -> bool:
+        self._unsafe_during_capture("cudaEventQuery")
         self._ran_on_demand()
         return event.done
 
     def host_buffer(self, tensor: torch.Tensor) -> torch.Tensor:
+        self._unsafe_during_capture("cudaHostAlloc")
         return torch.empty(tensor.shape, dtype=tensor.dtype)
 
     def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], stream: FakeStream) -> None:
@@ -215,6 +234,9 @@ class FakeDevice:
 
     def bind_thread(self) -> None:
         self.bound_threads.add(threading.get_ident())
+
+    def keep_out_of_captures(self) -> None:
+        self.apart_threads.add(threading.get_ident())
 
     def check_can_stage(self, op: str) -> None:
         if self.capturing:

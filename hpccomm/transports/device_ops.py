@@ -11,10 +11,11 @@ before it reads an operation's inputs (or starts a triggered collective); the
 side stream, which never waits for the caller, lands the results. Were they
 one, an operation's results would land only after the inputs of every
 operation called after it, and so after the caller's kernels queued in
-between. Every group on a device shares its two (:class:`CudaOps`). Everything that decides *when* to do
-which lives in the transport and is tested on the CPU with an implementation
-of this seam made for tests (``tests/fake_device.py``); :class:`CudaOps`, the
-real one, is a thin layer over ``torch.cuda`` and runs only where a GPU does.
+between. Every group on a device shares its two (:class:`CudaOps`).
+Everything that decides *when* to do which lives in the transport and is
+tested on the CPU with an implementation of this seam made for tests
+(``tests/fake_device.py``); :class:`CudaOps`, the real one, is a thin layer
+over ``torch.cuda`` and runs only where a GPU does.
 """
 
 from __future__ import annotations
@@ -73,6 +74,13 @@ class DeviceOps(Protocol):
 
     def check_can_stage(self, op: str) -> None:
         """Raise a clear error where staging cannot run now (e.g. during CUDA graph capture)."""
+
+    def keep_out_of_captures(self) -> None:
+        """Let no CUDA graph another thread captures refuse the calling thread's device calls, nor break for them.
+
+        Run once on each of hpccomm's own threads (:mod:`hpccomm.own_threads`),
+        never on the caller's: its stream-capture mode becomes thread-local.
+        """
 
 
 class CudaOps:
@@ -142,6 +150,14 @@ class CudaOps:
         _bind_primary_context(self._index)
         self._bound.done = True
 
+    @staticmethod
+    def keep_out_of_captures() -> None:
+        # torch.cuda.graph captures in "global" mode unless told otherwise: any other thread of the process
+        # still in that mode is then refused an event query or a pinned allocation, and the capture breaks.
+        # The mode is the thread's, whatever its device (static: one setup for every group and device).
+        mode = ctypes.c_int(_CAPTURE_MODE_THREAD_LOCAL)
+        _driver_call("cuThreadExchangeStreamCaptureMode", ctypes.byref(mode))
+
     def check_can_stage(self, op: str) -> None:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
@@ -159,6 +175,9 @@ _streams: dict[int, tuple[Any, Any]] = {}
 
 _driver: Any = None
 
+#: ``CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`` (cuda.h): only the thread's own captures restrict its calls.
+_CAPTURE_MODE_THREAD_LOCAL = 1
+
 
 def _bind_primary_context(index: int) -> None:
     """Make device ``index``'s primary context current on this thread, and check it is.
@@ -166,9 +185,6 @@ def _bind_primary_context(index: int) -> None:
     Raises:
         RuntimeError: the driver refused, or another device's context is current.
     """
-    global _driver
-    if _driver is None:
-        _driver = ctypes.CDLL("libcuda.so.1")
     device = ctypes.c_int()
     _driver_call("cuDeviceGet", ctypes.byref(device), index)
     current = ctypes.c_void_p()
@@ -186,6 +202,9 @@ def _bind_primary_context(index: int) -> None:
 
 
 def _driver_call(name: str, *args: Any) -> None:
+    global _driver
+    if _driver is None:
+        _driver = ctypes.CDLL("libcuda.so.1")
     result = getattr(_driver, name)(*args)
     if result != 0:
         raise RuntimeError(f"hpccomm: CUDA driver call {name} failed (CUresult {result})")

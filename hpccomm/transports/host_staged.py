@@ -30,6 +30,9 @@ The device tensors and host buffers stay referenced until then, so the
 caching allocators cannot hand their memory out while a copy still uses it.
 The CPU half has a communicator of its own (the group's, duplicated), so
 its posting order is independent of the group's CPU-tensor operations.
+hpccomm's own threads, which poll the events and queue the copies back, are
+kept out of CUDA graphs the caller captures meanwhile
+(:meth:`~hpccomm.transports.device_ops.DeviceOps.keep_out_of_captures`).
 
 The ordering is the transport's; the device operations come through the
 :class:`~hpccomm.transports.device_ops.DeviceOps` seam, so the logic is
@@ -43,6 +46,7 @@ from typing import Any
 
 import torch
 
+from .. import own_threads
 from ..work import Pending
 from . import Transport
 from .call_order import CallOrder
@@ -181,6 +185,8 @@ class HostStagedTransport(Transport):
     def __init__(self, host: Transport, ops: DeviceOps) -> None:
         self.host = host
         self.ops = ops
+        # The progress thread polls this path's events, and copies back, while the caller may capture a graph.
+        own_threads.add_setup(ops.keep_out_of_captures)
         #: Operations whose inputs are on their way to host memory, posted in call order.
         self.order = CallOrder()
 

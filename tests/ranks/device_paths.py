@@ -32,6 +32,7 @@ import torch.distributed as dist  # noqa: E402
 from fake_device import FakeDevice  # noqa: E402
 from hpccomm import world  # noqa: E402
 from hpccomm.groups import front_of  # noqa: E402
+from hpccomm.progress import engine  # noqa: E402
 from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
 from hpccomm.transports.device_gated import BySize  # noqa: E402
 from hpccomm.transports.mpi import MPITransport  # noqa: E402
@@ -327,6 +328,35 @@ def wait_returns_while_a_kernel_queued_before_a_later_call_still_runs() -> None:
         finish_kernel()
     later.wait()
     assert y.tolist() == [ranks_sum(0.0)] * 2, y
+
+
+@check
+def a_graph_captured_while_work_is_in_flight_is_not_broken_by_hpccomms_threads() -> None:
+    # torch.cuda.graph captures in "global" mode: meanwhile CUDA refuses an event query or a pinned allocation
+    # from every other thread of the process in that mode, and the capture breaks (PyTorch's NCCL watchdog met
+    # this). The caller captures on its own thread while the progress thread polls and lands its async
+    # all-reduce; the results land and the capture stands.
+    assert engine().enabled, "no progress thread (MPI_THREAD_MULTIPLE): nothing of hpccomm's polls meanwhile"
+    x = torch.arange(8, dtype=torch.float32).view(2, 4).t() + RANK
+    expected = torch.arange(8, dtype=torch.float32).view(2, 4).t() * SIZE + sum(range(SIZE))
+    DEVICE.hold(DEVICE.side)  # the results cannot land until the capture has begun: polled meanwhile
+    work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 20.0)
+    engine().submit(work)
+    future = work.get_future()
+    DEVICE.capture_elsewhere = True
+    try:
+        time.sleep(0.2)
+        DEVICE.release(DEVICE.side)
+        deadline = time.monotonic() + 20.0
+        while not future.done():
+            assert time.monotonic() < deadline, "the progress thread did not complete the work in 20 s"
+            time.sleep(0.002)
+    finally:
+        DEVICE.capture_elsewhere = False
+        DEVICE.release(DEVICE.side)
+    assert not DEVICE.broken_captures, f"threads broke the capture: {DEVICE.broken_captures}"
+    work.wait()
+    assert torch.equal(x, expected), x
 
 
 class LazyTeamLayer:

@@ -262,6 +262,30 @@ def graph_capture_is_refused_with_a_clear_error() -> None:
     dist.barrier()
 
 
+@check
+def a_graph_captured_while_an_async_collective_is_in_flight_stands() -> None:
+    # torch.cuda.graph captures in "global" mode by default: meanwhile CUDA refuses an event query or a pinned
+    # allocation from every other thread of the process still in that mode, and the capture breaks. hpccomm's
+    # progress thread polls the events of async work; it is kept out of other threads' captures (thread-local
+    # mode). Written 2026-12-06 without a GPU; its CPU counterpart is in tests/ranks/device_paths.py.
+    t = torch.ones(1 << 20, device=DEVICE)
+    torch.cuda._sleep(1_000_000_000)  # about 0.5 s: the all-reduce's inputs wait for it, its events stay pending
+    work = dist.all_reduce(t, async_op=True)
+    static = torch.zeros(16, device=DEVICE)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream(device=DEVICE)):
+        graph.capture_begin(capture_error_mode="global")
+        try:
+            static.add_(1)
+            time.sleep(0.3)  # the progress thread polls meanwhile
+        finally:
+            graph.capture_end()  # raises where the capture was broken
+    graph.replay()
+    work.wait()
+    assert static.tolist() == [1.0] * 16, static
+    assert bool((t == SIZE).all()), t[:4]
+
+
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEVICE)

@@ -37,7 +37,7 @@ from torch._C._distributed_c10d import (
 from torch.autograd import profiler as torch_profiler
 
 from . import debug, profiling, validation as check
-from .ledger import Ledger
+from .ledger import Ledger, tick
 from .monitor import Monitor, barrier_seconds
 from .profiling import recording
 from .progress import DRAIN_TIMEOUT_S, engine
@@ -185,6 +185,7 @@ class Front:
         if peer == -1:  # Ledger.post, written out for collectives (a method call cost more than the count)
             ledger = self._ledger
             ledger.collectives = ticket = ledger.collectives + 1
+            ledger.used = tick()
         else:
             ticket = self._ledger.post(op, peer)
         label = (op, self, self._seq, peers, ticket)

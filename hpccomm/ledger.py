@@ -25,14 +25,19 @@ keep ledgers, and :mod:`hpccomm.failure` carries their facts.
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Sequence
 
-#: A goodbye names at most this many groups, the newest first (after any with a collective promised: see
+#: A goodbye names at most this many groups, those last used first (after any with a collective promised: see
 #: :func:`_told`): goodbyes stay small enough for MPI's eager protocol (a few KiB), so their sends complete
 #: whether or not the other rank is still there to match them. A departed rank whose goodbye left out a group
 #: counts as not having done its part on it.
 MOST_GROUPS = 64
+
+#: The process's clock of ledger use: each call a number greater than every earlier one (:attr:`Ledger.used`).
+#: A C call that holds the GIL throughout: threads that post at once get different numbers.
+tick = itertools.count(1).__next__
 
 #: What a goodbye says of one group to one rank: (collectives posted and promised, messages posted to the told
 #: rank, receives posted from it).
@@ -56,10 +61,11 @@ class Ledger:
         collectives: collectives posted so far; the last one's ticket.
         promised: collectives this rank will still post after its goodbye
             (UCC's teardown barrier, run after the goodbye is out).
+        used: when the group was last used, made or posted on (:data:`tick`).
     """
 
-    __slots__ = ("name", "world_ranks", "mpi_ranks", "collectives", "promised", "sent", "received", "_key",
-                 "_position")
+    __slots__ = ("name", "world_ranks", "mpi_ranks", "collectives", "promised", "sent", "received", "used",
+                 "_key", "_position")
 
     def __init__(self, name: str, world_ranks: Sequence[int], mpi_ranks: Sequence[int]) -> None:
         self.name = name
@@ -69,6 +75,7 @@ class Ledger:
         self.promised = 0
         self.sent: dict[int, int] = {}
         self.received: dict[int, int] = {}
+        self.used = tick()
         self._key = ""
         self._position: dict[int, int] | None = None
         _ledgers.append(self)
@@ -82,6 +89,7 @@ class Ledger:
                 receive from any source (ticket 0: no departure dooms it);
                 -1 for a collective.
         """
+        self.used = tick()
         if peer == -1:
             self.collectives += 1
             return self.collectives
@@ -121,14 +129,16 @@ class Ledger:
 
 def _told() -> list[Ledger]:
     """The ledgers in the order a goodbye names them: first those with a collective promised after it, then the
-    newest first.
+    last used first.
 
     A promised collective (UCC's teardown barrier over the process's UCC context, which was made with the first
     UCC group) is one the other ranks wait in after the goodbye has reached them: left out of it, as the oldest
     group was once more than MOST_GROUPS newer ones (every UCC group's bootstrap keeps a ledger) came after, it
-    read as a rank that left without its part, and the others' teardown gave up on it.
+    read as a rank that left without its part, and the others' teardown gave up on it. The others' waits are
+    on the groups used last (the world's, a pipeline's stage): ordered by when they were made, as until
+    2026-12-06, the world's fell out of a goodbye once 64 groups, or 32 on UCC, had been made after it.
     """
-    return sorted(reversed(_ledgers), key=lambda ledger: not ledger.promised)
+    return sorted(_ledgers, key=lambda ledger: (not ledger.promised, -ledger.used))
 
 
 def facts_for(mpi_rank: int) -> dict[str, Facts]:

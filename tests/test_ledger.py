@@ -53,6 +53,26 @@ def test_a_goodbye_names_the_groups_it_shares_with_the_told_rank_newest_first_an
     assert not did_part(told.get(world.key()), "all_reduce", -1, 1)
 
 
+def test_a_goodbye_names_the_groups_used_last_however_many_were_made_after_them():
+    # The world is made first and waited on to the end; ordered by when groups were made, as until 2026-12-06,
+    # it fell out of goodbyes once MOST_GROUPS groups came after it, and a rank that left after its part of a
+    # world collective read as one that had not.
+    world = Ledger("0", [0, 1], [0, 1])
+    world.post("all_reduce", -1)
+    later = [Ledger(f"g{i}", [0, 1], [0, 1]) for i in range(ledger.MOST_GROUPS + 5)]
+    assert world.key() not in ledger.facts_for(1)  # made, and used, before all of them
+    world.post("all_reduce", -1)
+    told, counts = ledger.facts_for(1), ledger.collective_counts()
+    assert list(told)[0] == list(counts)[0] == world.key(), list(told)[:2]
+    assert did_part(told[world.key()], "all_reduce", -1, 2) and counts[world.key()] == 2
+    assert later[0].key() not in told and later[-1].key() in told  # the one used longest ago made way
+    later[0].post("send", 1)  # a message is use too
+    assert list(ledger.facts_for(1))[:2] == [later[0].key(), world.key()]
+    promised = later[1]
+    promised.promised = 1  # a collective promised comes first, however long unused
+    assert list(ledger.facts_for(1))[:2] == [promised.key(), later[0].key()]
+
+
 def test_a_key_tells_apart_groups_of_one_name_by_members_and_by_order_and_is_fixed_once_named():
     first = Ledger("0", [0, 1, 2], [0, 1, 2])
     repaired = Ledger("0", [0, 1, 2], [0, 3, 2])  # a spare, MPI rank 3, replaced rank 1

@@ -72,15 +72,19 @@ def sixteen_bit_floats_are_reduced_as_float32_and_rounded_once() -> None:
 def more_groups_than_a_goodbye_names_each_with_its_team() -> None:
     # Each group's team keeps a bootstrap ledger; with more than a goodbye names (MOST_GROUPS) made after the
     # context, the context's teardown barrier was left out of the goodbyes and the other ranks gave up on it at
-    # exit (tests/test_ucc.py reads the exit: no "left the job without taking part", no failed teardown). Last:
-    # past it the world group is older than the 64 groups a goodbye names, so a rank that left after its part of
-    # a later collective on the world would read as one that had not (docs/known-limits.md).
+    # exit (tests/test_ucc.py reads the exit: no "left the job without taking part", no failed teardown). Then
+    # the world, made before them all, is named again once used: a goodbye names the groups used last.
     for _ in range(ledger.MOST_GROUPS + 6):
         group = dist.new_group(list(range(SIZE)))
         t = torch.ones(1)
         dist.all_reduce(t, group=group)
         assert t.item() == SIZE, t
         dist.destroy_process_group(group)
+    world_key = front_of(dist.group.WORLD).ledger.key()
+    peer = (RANK + 1) % SIZE
+    assert world_key not in ledger.facts_for(peer), "the world, unused since 70 groups were made, still named"
+    dist.barrier()
+    assert world_key in ledger.facts_for(peer), "the world, used last, not named in a goodbye"
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

@@ -231,10 +231,18 @@ class UCCCudaTransport(UCCTransport):
     def _settle_once(self, numel: int, timeout_s: float, departed: Departures) -> None:
         """One all-reduce of ``numel`` float32 zeros, out of place, progressed until it ends (:meth:`settle`)."""
         ops, lib = self.ops, self._lib
+        what = (f"hpccomm group creation ({self._size} ranks): UCC's all-reduce of {numel * 4} bytes on device memory "
+                "while the group is made")
+        deadline = time.monotonic() + timeout_s
         source = torch.zeros(numel, dtype=torch.float32, device=self._device)
         result = torch.empty_like(source)
         written = ops.record(ops.current_stream())
-        while not ops.query(written):  # the zeros' kernel, before UCC reads them
+        while not ops.query(written):  # the zeros' kernel, before UCC reads them: after what the caller queued
+            if time.monotonic() > deadline:
+                raise CommTimeoutError(
+                    f"{what}: Timed out waiting {round(timeout_s * 1000)}ms for the caller's stream to reach it "
+                    "(work queued on it before the group's creation still runs)"
+                )
             time.sleep(0)
         args = self._args(lib.UCC_COLL_TYPE_ALLREDUCE)
         args.op = lib.UCC_OP_SUM
@@ -245,9 +253,6 @@ class UCCCudaTransport(UCCTransport):
             request = self._team.post(args, (source, result))
         except UCCError as exc:
             raise _unsupported(exc, lib) from exc
-        what = (f"hpccomm group creation ({self._size} ranks): UCC's all-reduce of {numel * 4} bytes on device memory "
-                "while the group is made")
-        deadline = time.monotonic() + timeout_s
         polls = 0
         while not request.test():
             polls += 1

@@ -129,6 +129,9 @@ class FreeOps:
     def check_can_stage(self, op: str) -> None:
         pass
 
+    def keep_out_of_captures(self) -> None:
+        pass
+
 
 class NoDevice(Transport):
     """The device-memory side of ``BySize``: a 4-byte collective never reaches it."""

@@ -12,7 +12,11 @@ with real MPI are tests/ranks/device_paths.py (below); on a GPU, tests/gpu.
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
+import tempfile
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -275,6 +279,17 @@ def test_every_operation_through_host_memory_with_mpi(nprocs):
     # Real MPI under the staged transport, the device simulated: values of every op, async
     # interleaving, one rank's inputs delayed while the others post, completion only once landed.
     assert_all_ranks_ok(run_ranks(nprocs, "device_paths.py"), nprocs)
+
+
+@pytest.mark.one_environment
+def test_the_staged_cost_benchmark_runs_over_its_own_device_seam():
+    # benchmarks/staged_host_cost.py implements DeviceOps itself (FreeOps); a method the staged path came to
+    # call (keep_out_of_captures) once broke it at its start, with no test to say so.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "staged_host_cost.py"
+    proc = subprocess.run([sys.executable, str(script), "--iters", "5", "--rounds", "1"], capture_output=True,
+                          text=True, timeout=120, cwd=tempfile.gettempdir())
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "hpccomm's own, for a device tensor" in proc.stdout, proc.stdout[-2000:]
 
 
 # -- routing on a machine without a GPU ----------------------------------------------------

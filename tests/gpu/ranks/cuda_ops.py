@@ -262,30 +262,6 @@ def graph_capture_is_refused_with_a_clear_error() -> None:
     dist.barrier()
 
 
-@check
-def a_graph_captured_while_an_async_collective_is_in_flight_stands() -> None:
-    # torch.cuda.graph captures in "global" mode by default: meanwhile CUDA refuses an event query or a pinned
-    # allocation from every other thread of the process still in that mode, and the capture breaks. hpccomm's
-    # progress thread polls the events of async work; it is kept out of other threads' captures (thread-local
-    # mode). Written 2026-12-06 without a GPU; its CPU counterpart is in tests/ranks/device_paths.py.
-    t = torch.ones(1 << 20, device=DEVICE)
-    torch.cuda._sleep(1_000_000_000)  # about 0.5 s: the all-reduce's inputs wait for it, its events stay pending
-    work = dist.all_reduce(t, async_op=True)
-    static = torch.zeros(16, device=DEVICE)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(torch.cuda.Stream(device=DEVICE)):
-        graph.capture_begin(capture_error_mode="global")
-        try:
-            static.add_(1)
-            time.sleep(0.3)  # the progress thread polls meanwhile
-        finally:
-            graph.capture_end()  # raises where the capture was broken
-    graph.replay()
-    work.wait()
-    assert static.tolist() == [1.0] * 16, static
-    assert bool((t == SIZE).all()), t[:4]
-
-
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(DEVICE)
@@ -332,6 +308,43 @@ def fsdp2_on_a_cuda_device_mesh_matches_single_process_training() -> None:
     for a, b in zip(reference.parameters(), model.parameters()):
         full = b.full_tensor().detach()
         assert torch.allclose(a, full, atol=1e-5, rtol=1e-4), (a - full).abs().max()
+
+
+@check
+def a_graph_captured_while_an_async_collective_is_in_flight_stands() -> None:
+    # torch.cuda.graph captures in "global" mode by default: meanwhile CUDA refuses an event query or a pinned
+    # allocation from every other thread of the process still in that mode, and the capture breaks. hpccomm's
+    # progress thread polls the events of async work; it is kept out of other threads' captures (thread-local
+    # mode). Written 2026-12-06 without a GPU; its CPU counterpart is in tests/ranks/device_paths.py.
+    from hpccomm.progress import engine
+
+    assert engine().enabled, "no progress thread (MPI_THREAD_MULTIPLE): nothing of hpccomm's polls meanwhile"
+    t = torch.ones(1 << 20, device=DEVICE)
+    static = torch.zeros(16, device=DEVICE)
+    side = torch.cuda.Stream(device=DEVICE)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        static.add_(0)  # the kernel loaded before the capture (torch's advice: warm up on a side stream)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda._sleep(1_000_000_000)  # about 0.5 s: the all-reduce's inputs wait for it, its events stay pending
+    work = dist.all_reduce(t, async_op=True)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(side):
+            graph.capture_begin(capture_error_mode="global")
+            try:
+                static.add_(1)
+                time.sleep(0.3)  # the progress thread polls meanwhile
+            finally:
+                graph.capture_end()  # raises where the capture was broken
+    finally:
+        try:
+            work.wait()  # a broken capture may have failed the work too: never leave the other rank in it
+        finally:
+            dist.barrier()
+    graph.replay()
+    assert static.tolist() == [1.0] * 16, static
+    assert bool((t == SIZE).all()), t[:4]
 
 
 @check

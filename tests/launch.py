@@ -11,6 +11,11 @@ that outlives its limit is killed, launcher and ranks (which the launcher may
 start in sessions of their own), by PID: only processes this helper started.
 The test then fails, so a hang can never run into CI's time limit.
 
+Where ``RANK_JOB_LOGS`` names a directory, each job's output is also written
+there as it comes, one file a job (:func:`_job_log`): tests/gpu/acceptance.sh
+sets it for its pytest passes, so that the ranks' reports and stacks outlive a
+pytest ended at its limit.
+
 A launcher that outlives all of its ranks by :data:`STUCK_LAUNCHER_S` is
 killed too, and the run reports it (``launcher_stuck``) with the time its last
 rank ended: Debian's Open MPI 4.1.4 ``mpirun`` sometimes never reaps ranks that
@@ -32,6 +37,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -43,6 +49,10 @@ STUCK_LAUNCHER_S = 10.0
 POLL_S = 0.5
 #: How long a hung run's ranks get to print their stacks before they are killed.
 STACKS_WAIT_S = 2.0
+#: Names a directory where every rank job's output is also written, as it comes (:func:`_job_log`).
+JOB_LOGS_ENV = "RANK_JOB_LOGS"
+#: The first line of such a file, before the job's pytest item (tests/gpu/targets.py reads it).
+JOB_HEADER = "rank job of "
 #: The hierarchical path forced onto every size, in 64-byte chunks (1 KiB slots): many chunks and pieces.
 HIER_EVERYWHERE = {"HPCCOMM_ALGO": "hier", "HPCCOMM_SHM_MIN_BYTES": "1", "HPCCOMM_SHM_SLOT_BYTES": "1024"}
 #: hpccomm-run of the environment under test.
@@ -159,16 +169,25 @@ def run_launcher(
     """
     command = [*launcher, python, str(RANKS_DIR / script), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    log = _job_log(script, command)
     proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full_env, start_new_session=True
+        command, stdout=subprocess.PIPE if log is None else log[0], stderr=subprocess.STDOUT, text=True,
+        env=full_env, start_new_session=True,
     )
+
+    def output_of(piped: str | None) -> str:
+        if log is None:
+            return piped or ""
+        log[0].close()
+        return log[1].read_text(errors="replace").split("\n", 1)[1]  # less the header
+
     deadline = time.monotonic() + limit_s
     watch = _RankWatch(proc.pid, str(RANKS_DIR / script))
     while True:
         try:
             # communicate() may be called again after a timeout without losing output.
             output, _ = proc.communicate(timeout=max(0.0, min(POLL_S, deadline - time.monotonic())))
-            return RankRun(proc.returncode, output, False)
+            return RankRun(proc.returncode, output_of(output), False)
         except subprocess.TimeoutExpired:
             pass
         if time.monotonic() >= deadline:
@@ -177,15 +196,35 @@ def run_launcher(
             if stacks_on_timeout:
                 _signal_ranks(ranks, str(RANKS_DIR / script), signal.SIGUSR1)
                 time.sleep(STACKS_WAIT_S)
-            output = _kill(proc, ranks)
+            output = output_of(_kill(proc, ranks))
             return RankRun(proc.returncode, f"{output}\nstill running at the {limit_s:.0f} s limit:\n{hung}", True)
         ended_at = watch.all_ended_at()
         if ended_at is not None and time.time() - ended_at >= STUCK_LAUNCHER_S:
             hung = _describe([proc.pid])
-            output = _kill(proc, _descendants(proc.pid))
+            output = output_of(_kill(proc, _descendants(proc.pid)))
             note = (f"\nthe launcher was still running {STUCK_LAUNCHER_S:.0f} s after its last rank ended "
                     f"(killed):\n{hung}")
             return RankRun(proc.returncode, output + note, False, ranks_ended_at=ended_at)
+
+
+def _job_log(script: str, command: Sequence[str]) -> tuple[TextIO, Path] | None:
+    """Where a rank job writes, as it runs, where :data:`JOB_LOGS_ENV` names a directory; else None (a pipe).
+
+    The file's first line names the job: the pytest item that runs it (``PYTEST_CURRENT_TEST``), else the
+    script, then the command. The GPU acceptance run ends a whole ``pytest`` at its limit: what its rank jobs
+    wrote into pytest's memory went with it, the failed checks' HUNG lines and stacks included.
+    """
+    directory = os.environ.get(JOB_LOGS_ENV)
+    if not directory:
+        return None
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    item = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0] or script
+    path = folder / f"{len(list(folder.glob('*.log'))) + 1:03d}-{Path(script).stem}.log"
+    sink = path.open("w", encoding="utf-8")
+    sink.write(f"{JOB_HEADER}{item} ({shlex.join(command)})\n")
+    sink.flush()
+    return sink, path
 
 
 class _RankWatch:

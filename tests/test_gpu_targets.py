@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+from launch import JOB_HEADER
 from scripts import REPO, load_script
 
 MIB = 1 << 20
@@ -356,6 +357,35 @@ def test_tests_gpu_rows_and_what_failed_or_hung(tmp_path):
            "the host waited" in failed, failed
     assert "- diag-nccl-alone.txt: nothing failed or hung" in failed
     assert "- diag-late.txt: did not run (no time left)" in failed
+    assert f"{ITEM.format('staged')}:" not in failed
+
+
+def test_a_pass_ended_before_pytests_report_is_read_from_its_rank_jobs_own_logs(tmp_path):
+    # The acceptance run ended pass 1 at its limit in ucc-triggered: pytest never printed its report, so the
+    # failed ucc item has no failure text, and what the ranks wrote was in pytest's memory. Their jobs' own logs
+    # (tests/launch.py, RANK_JOB_LOGS) have it: a check that failed, and the hung job's SIGUSR1 stacks.
+    first = (f"{ITEM.format('staged')} PASSED [ 12%]\n{ITEM.format('ucc')} FAILED [ 25%]\n"
+             f"{ITEM.format('ucc-triggered')} acceptance: HUNG: still running at its 200 s limit (stacks above)\n"
+             "acceptance: exit status 124 after 200 s\n")
+    jobs = tmp_path / "ranks-1"
+    jobs.mkdir()
+    command = "(hpccomm-run -n 2 python tests/gpu/ranks/cuda_ops.py)"
+    (jobs / "001-cuda_ops.log").write_text(f"{JOB_HEADER}{ITEM.format('staged')} {command}\nOK rank=0 checks=20\n")
+    (jobs / "002-cuda_ops.log").write_text(
+        f"{JOB_HEADER}{ITEM.format('ucc')} {command}\nOK rank=1 checks=20\n"
+        "FAIL rank=0 results_land_before_a_kernel: AssertionError: the copy back waited\n")
+    (jobs / "003-cuda_ops.log").write_text(
+        f"{JOB_HEADER}{ITEM.format('ucc-triggered')} {command}\n"
+        "Current thread 0x00007f (most recent call first):\n"
+        '  File "/w/hpccomm/ucc/request.py", line 46 in post\n'
+        '  File "/w/tests/gpu/ranks/cuda_ops.py", line 57 in all_reduce_sizes_from_empty_to_64_mib\n')
+    write_run(tmp_path, logs={"pytest-1.txt": first})
+    failed = section(targets.table(tmp_path))
+    assert (f"  - {ITEM.format('ucc')}: FAILED\n    - FAIL rank=0 results_land_before_a_kernel: AssertionError: "
+            "the copy back waited (its rank job's log)") in failed, failed
+    assert (f"  - {ITEM.format('ucc-triggered')}: never finished (the pass was ended at its 200 s limit while it "
+            "ran)\n    - a rank's stack, top frame: /w/hpccomm/ucc/request.py:46 in post (its rank job's log)") \
+        in failed, failed
     assert f"{ITEM.format('staged')}:" not in failed
 
 

@@ -28,9 +28,10 @@
 # ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 in those of its Python programs
 # that print every thread's stack on it (rankcheck, the benchmarks; a rank program under pytest prints into
-# pytest's capture, lost as pytest ends), and where gdb is, the C stacks of every process that started none
-# (ucc_perftest's ranks, a rank program) and of the other Python ones follow; then it is ended with every
-# process it started, rank jobs in sessions of their own included, and the run goes on (tests/gpu/limits.sh).
+# the pass's ranks-N/ as it comes: tests/launch.py's RANK_JOB_LOGS), and where gdb is, the C stacks of every
+# process that started none (ucc_perftest's ranks, a rank program) and of the other Python ones follow; then it
+# is ended with every process it started, rank jobs in sessions of their own included, and the run goes on
+# (tests/gpu/limits.sh).
 # The set-up's steps that can hang have limits too, their Python ones printing their stacks through
 # tests/gpu/with_stacks.py: a probe that hung, failed or had no time left is named in targets.md (set-up.txt)
 # and the run goes on; an install past its limit ends the run, its log (stacks included) printed. Every limit,
@@ -60,7 +61,9 @@
 # part that failed, hung or had no time left, with the error its output names or its top frame; each set-up
 # step in Python too), report.md (the machine, UCC's components and environment, UCX's transports, what the
 # set-up's probes printed on stderr, every table above), pytest-1.txt and
-# pytest-2.txt, raw.tar.gz (every log and JSON). A part the budget leaves no time for says so in its log.
+# pytest-2.txt, raw.tar.gz (every log and JSON; ranks-1/ and ranks-2/, each rank job's output of the two
+# passes as it came, which outlives a pass ended at its limit). A part the budget leaves no time for says so in its
+# log.
 # Exit status: that of the test passes.
 # Rehearse 'run' on the CPU before a GPU session (docs/ucc-cuda.md, "Rehearsed on the CPU"): every part fails
 # fast there, and targets.md must name each one's cause.
@@ -241,7 +244,8 @@ run)
   ucc_stages=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2 python3
               benchmarks/cuda_call_stages.py)
   [[ " $paths " == *" ucc "* ]] && within 45 "$work/stages.txt" "${ucc_stages[@]}" --json "$work/stages.json"
-  within 200 "$work/pytest-1.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
+  within 200 "$work/pytest-1.txt" env RANK_JOB_LOGS="$work/ranks-1" python3 -m pytest -v -p no:cacheprovider \
+    tests/gpu || status=1
   if [[ " $paths " == *" ucc "* ]]; then
     # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
     # a stream of the caller's), and a rank alone in a collective with tl/nccl let into the team.
@@ -287,7 +291,8 @@ run)
     fi
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
-  within 200 "$work/pytest-2.txt" python3 -m pytest -v -p no:cacheprovider tests/gpu || status=1
+  within 200 "$work/pytest-2.txt" env RANK_JOB_LOGS="$work/ranks-2" python3 -m pytest -v -p no:cacheprovider \
+    tests/gpu || status=1
   within 30 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
     --profile 2000
   # Which UCC team layer serves each collective on CUDA memory.

@@ -8,15 +8,18 @@ path and Gloo, values checked), ``perftest-oop.txt`` (UCC's own
 ucc_perftest all-reduce on CUDA memory, out of place; ``perftest-oop-nocache.txt``
 the same with UCX's memory-type cache off, shown beside it), ``floor-1.json``
 (benchmarks/cuda_staging_floor.py at one rank), ``pytest-1.txt`` and
-``pytest-2.txt`` (``pytest -v tests/gpu``, twice) and any ``diag-*.txt`` (rank
-programs run alone). A target whose numbers are missing (the part did not
-run, or failed) says "not measured", never PASS; a wrong value is SHORT.
+``pytest-2.txt`` (``pytest -v tests/gpu``, twice, with their rank jobs' own
+logs in ``ranks-1/`` and ``ranks-2/``) and any ``diag-*.txt`` (rank programs
+run alone). A target whose numbers are missing (the part did not run, or
+failed) says "not measured", never PASS; a wrong value is SHORT.
 
 Then "What failed or hung": per test pass and pytest item, the checks the
 rank programs reported (tests/ranks/rankcheck.py: ``FAIL rank=<r> <check>:
 <detail>``, ``HUNG rank=<r> <check> after <s> s; top frame: <where>``),
 tests/launch.py's ``still running at the <n> s limit`` and the acceptance
-run's own limit on a whole part; the same for each ``diag-*.txt``; every other
+run's own limit on a whole part (for an item the pass was ended in, or whose
+failure text pytest never printed, what its rank jobs' own logs say); the same
+for each ``diag-*.txt``; every other
 part that failed, hung or had no time left (``ucc_perftest``, the stages, the
 floors, the traces: any log with the run's ``acceptance: exit status`` note; and
 each step of the set-up in ``set-up.txt``, the probes and the UCX wheel's
@@ -68,6 +71,8 @@ EXIT_NOTE = re.compile(r"acceptance: exit status (\d+) after")
 #: The set-up's Python steps' log, and the line that starts each step's part of it (limits.sh's setup_step).
 SETUP_LOG = "set-up.txt"
 SETUP_STEP = re.compile(r"^acceptance: set-up: (.*)(?:\n|\Z)", re.MULTILINE)
+#: tests/launch.py's first line of a rank job's own log (ranks-1/, ranks-2/: RANK_JOB_LOGS): the pytest item.
+JOB_HEADER = re.compile(r"^rank job of (\S+) \(")
 #: What may precede a marker that starts its line: pytest's ``E``, a launcher's tag, spaces.
 LINE_START = re.compile(r"(E\b)?\s*(\[[^\]]*\]<\w+>:)?\s*")
 
@@ -379,8 +384,33 @@ def table(out: Path) -> str:
 
 # ---------------------------------------------------------------------------------------------- what failed
 
-def log_failures(log: Log) -> list[str]:
-    """One log's failed or hung items and checks as nested Markdown bullets; empty if nothing failed or hung."""
+def job_logs(folder: Path) -> dict[str, list[str]]:
+    """A test pass's rank jobs' own logs (``ranks-N/``: tests/launch.py's RANK_JOB_LOGS, written as the ranks
+    wrote), by the pytest item that ran each: every job's output, in the order run. Empty where there are none."""
+    jobs: dict[str, list[str]] = {}
+    for path in sorted(folder.glob("*.log")):
+        header, _, body = (read_text(path) or "").partition("\n")
+        if item := JOB_HEADER.match(header):
+            jobs.setdefault(item[1], []).append(body)
+    return jobs
+
+
+def job_findings(outputs: list[str]) -> list[str]:
+    """What an item's rank jobs' own logs say of it: their checks' markers; where they name none, the top frame
+    of a stack a rank printed (its limit's SIGUSR1)."""
+    found = [marker for output in outputs for marker in markers(output.splitlines())]
+    if not found:
+        found = [f"a rank's stack, top frame: {top}" for output in outputs if (top := stack_top(output))][:1]
+    return [f"{marker} (its rank job's log)" for marker in dict.fromkeys(found)]
+
+
+def log_failures(log: Log, jobs: dict[str, list[str]] | None = None) -> list[str]:
+    """One log's failed or hung items and checks as nested Markdown bullets; empty if nothing failed or hung.
+
+    ``jobs``: the pass's rank jobs' own logs (:func:`job_logs`), read for an item the pass was ended in, or
+    whose failure text pytest never printed (ended before its report).
+    """
+    jobs = jobs or {}
     lines = []
     for item, outcome in log.outcomes.items():
         if outcome not in ("FAILED", "ERROR", "unfinished"):
@@ -388,10 +418,11 @@ def log_failures(log: Log) -> list[str]:
         if outcome == "unfinished":
             limit = f" at its {log.part_limit} s limit" if log.part_limit else ""
             lines.append(f"  - {item}: never finished (the pass was ended{limit} while it ran)")
+            lines += [f"    - {finding}" for finding in job_findings(jobs.get(item, []))]
             continue
         text = log.sections.get(item, [])
         lines.append(f"  - {item}: {outcome}")
-        found = markers(text)
+        found = markers(text) or job_findings(jobs.get(item, []))
         if not found:
             found = [f"no rank named a check; pytest: {first_error(text) or 'no failure text in the log'}"]
         lines += [f"    - {marker}" for marker in found]
@@ -497,7 +528,8 @@ def failures(out: Path) -> list[str]:
         if log is None or log.skipped:
             lines.append(f"- {what}: {missing if log is None else 'did not run (no time left)'}")
             continue
-        found = log_failures(log)
+        jobs = job_logs(out / f"ranks-{what.split()[1]}") if what.startswith("pass") else None
+        found = log_failures(log, jobs)
         where = f" ({log.name})" if what.startswith("pass") else ""
         lines.append(f"- {what}{where}: " + ("" if found else "nothing failed or hung"))
         lines += found

@@ -37,6 +37,7 @@ from torch._C._distributed_c10d import (
 from torch.autograd import profiler as torch_profiler
 
 from . import debug, profiling, validation as check
+from .in_flight import InFlight
 from .ledger import Ledger, tick
 from .monitor import Monitor, barrier_seconds
 from .profiling import recording
@@ -50,8 +51,8 @@ from .world import mpi_world_ranks
 
 RedOpType = dist.ReduceOp.RedOpType
 BACKEND_NAME = "hpccomm"
-#: Posts an operation whose arguments were already checked: (pending, outputs, inputs).
-Poster = Callable[[], tuple[Pending, list[torch.Tensor], list[torch.Tensor]]]
+#: An operation whose arguments were already checked: (what posts it, its outputs, its inputs).
+Poster = tuple[Callable[[], Pending], list[torch.Tensor], list[torch.Tensor]]
 
 
 @untraced
@@ -93,7 +94,7 @@ class Front:
         self._closed: str | None = None
         self._monitor = monitor
         self._debug = checker
-        self._async_works: list[HpcWork] = []
+        self._in_flight = InFlight()  # its asynchronous works; a collective follows those on its memory
         self._coalesced: list[HpcWork] | None = None  # posted since start_coalescing(), or None outside it
         # Set once an operation ended without its communication completing (timeout, departed peer, closed group).
         self._stranded = False
@@ -178,7 +179,9 @@ class Front:
                 the whole group.
             timeout_s: this call's own timeout (torch's ``barrier(timeout=)``),
                 else the group's.
-            inputs, about: for the profiler (:func:`hpccomm.profiling.begin`).
+            inputs, about: for the profiler (:func:`hpccomm.profiling.begin`);
+                the tensors read (None: ``outputs``) also for the order of
+                later collectives (:mod:`hpccomm.in_flight`).
         """
         self._seq += 1
         peers = None if peer == -1 else (() if peer is None else (peer,))
@@ -210,8 +213,7 @@ class Front:
         # Tested before any other thread can see it: a small send, or a receive already matched, ends here.
         if not collective and work.ended_when_posted():
             return work
-        self._forget_ended_works()
-        self._async_works.append(work)
+        self._in_flight.add(work, outputs if collective else None, inputs)
         # A point-to-point op's caller usually waits on it at once: no need to wake the thread.
         engine().submit(work, prompt=collective)
         return work
@@ -219,6 +221,12 @@ class Front:
     def _precheck(self, op: str, **signature: object) -> None:
         if self._debug is not None:
             self._debug.agree(op, self._seq + 1, self.describe(), signature)
+
+    def _follow(self, op: str, writes: list[torch.Tensor], reads: list[torch.Tensor]) -> None:
+        """Before a collective is posted: end the async ones in flight on its memory (:mod:`hpccomm.in_flight`)."""
+        if self._in_flight.entries:
+            self._in_flight.end_overlapping(writes, reads)
+            self._check_open(op)  # the group may have been aborted meanwhile
 
     # -- all-reduce, broadcast, reduce ---------------------------------------
 
@@ -235,6 +243,9 @@ class Front:
         red = cached_reduction("all_reduce", opts.reduceOp, tensor.dtype)
         if self._debug is not None:
             self._precheck("all_reduce", dtype=tensor.dtype, numel=tensor.numel(), reduce_op=opts.reduceOp.op)
+        if self._in_flight.entries:  # _follow, written out on the hottest path
+            self._in_flight.end_overlapping(tensors, tensors)
+            self._check_open("all_reduce")
         return self._launch("all_reduce", transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
     def _allreduce_sparse(self, tensor: torch.Tensor, opts: AllreduceOptions) -> dist.Work:
@@ -255,6 +266,7 @@ class Front:
         transport = self._route(op, tensors[0])
         red = cached_reduction(op, opts.reduceOp, tensors[0].dtype)
         self._precheck(op, dtype=tensors[0].dtype, numels=[t.numel() for t in tensors], reduce_op=opts.reduceOp.op)
+        self._follow(op, tensors, tensors)
         return self._launch(op, transport.allreduce(tensors, red), tensors, opts.asyncOp)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: BroadcastOptions = None) -> dist.Work:
@@ -263,6 +275,7 @@ class Front:
         root = check.check_rank("broadcast", "src", opts.rootRank, self._size)
         self._check_open("broadcast")
         self._precheck("broadcast", dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        self._follow("broadcast", tensors, tensors)
         return self._launch("broadcast", transport.broadcast(tensor, root), tensors, opts.asyncOp, about=(root, (), ()))
 
     def reduce(self, tensors: list[torch.Tensor], opts: ReduceOptions = None) -> dist.Work:
@@ -272,6 +285,7 @@ class Front:
         self._check_open("reduce")
         red = cached_reduction("reduce", opts.reduceOp, tensor.dtype)
         self._precheck("reduce", dtype=tensor.dtype, numel=tensor.numel(), root=root, reduce_op=opts.reduceOp.op)
+        self._follow("reduce", tensors, tensors)
         return self._launch("reduce", transport.reduce(tensor, root, red), tensors, opts.asyncOp, about=(root, (), ()))
 
     # -- gathers -------------------------------------------------------------
@@ -283,8 +297,9 @@ class Front:
         if len(output_tensors) != 1:
             raise check.fail("all_gather", f"tensor_list must be one list per process, got {len(output_tensors)}")
         tensor = check.check_single("all_gather", "tensor", input_tensors, self._transports)
-        post, outputs, inputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)()
-        return self._launch("all_gather", post, outputs, opts.asyncOp, inputs=inputs)
+        post, outputs, inputs = self._prepare_allgather("all_gather", "tensor_list", output_tensors[0], tensor)
+        self._follow("all_gather", outputs, inputs)
+        return self._launch("all_gather", post(), outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_allgather(self, op: str, out_arg: str, output_list: list[torch.Tensor], tensor: torch.Tensor) -> Poster:
         """Check one all-gather of the (checked) ``tensor`` into ``output_list``, one tensor per rank."""
@@ -294,7 +309,7 @@ class Front:
         check.check_numel(op, f"{out_arg}[{self._rank}]", outputs[self._rank], tensor.numel(), "this rank's tensor")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numels=[t.numel() for t in outputs])
-        return lambda: (transport.allgather(outputs, tensor), outputs, [tensor])
+        return (lambda: transport.allgather(outputs, tensor)), outputs, [tensor]
 
     def allgather_coalesced(
         self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor], opts: AllgatherOptions = None
@@ -312,8 +327,9 @@ class Front:
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: AllgatherOptions = None) -> dist.Work:
         opts = opts or AllgatherOptions()
-        post, outputs, inputs = self._prepare_all_gather_single(output, input)()
-        return self._launch("all_gather_into_tensor", post, outputs, opts.asyncOp, inputs=inputs)
+        post, outputs, inputs = self._prepare_all_gather_single(output, input)
+        self._follow("all_gather_into_tensor", outputs, inputs)
+        return self._launch("all_gather_into_tensor", post(), outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_all_gather_single(self, output: torch.Tensor, input: torch.Tensor) -> Poster:
         op = "all_gather_into_tensor"
@@ -323,7 +339,7 @@ class Front:
         check.check_numel(op, "output_tensor", output, tensor.numel() * self._size, "world size x input elements")
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel())
-        return lambda: (transport.allgather_into(output, tensor), [output], [tensor])
+        return (lambda: transport.allgather_into(output, tensor)), [output], [tensor]
 
     _allgather_base = all_gather_single
 
@@ -348,6 +364,7 @@ class Front:
                                         "destination", self._transports)
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), root=root)
+        self._follow(op, outputs or [], [tensor])
         post = transport.gather(outputs, tensor, root)
         return self._launch(op, post, outputs or [], opts.asyncOp, inputs=[tensor], about=(root, (), ()))
 
@@ -364,6 +381,7 @@ class Front:
                                        "source", self._transports)
         transport = self._route(op, output)
         self._precheck(op, dtype=output.dtype, numel=output.numel(), root=root)
+        self._follow(op, [output], inputs or [])
         post = transport.scatter(output, inputs, root)
         return self._launch(op, post, [output], opts.asyncOp, inputs=inputs or [], about=(root, (), ()))
 
@@ -382,14 +400,16 @@ class Front:
         transport = self._route(op, output)
         red = cached_reduction(op, opts.reduceOp, output.dtype)
         self._precheck(op, dtype=output.dtype, numels=[t.numel() for t in inputs], reduce_op=opts.reduceOp.op)
+        self._follow(op, [output], inputs)
         return self._launch(op, transport.reduce_scatter(output, inputs, red), [output], opts.asyncOp, inputs=inputs)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: ReduceScatterOptions = None
     ) -> dist.Work:
         opts = opts or ReduceScatterOptions()
-        post, outputs, inputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)()
-        return self._launch("reduce_scatter_tensor", post, outputs, opts.asyncOp, inputs=inputs)
+        post, outputs, inputs = self._prepare_reduce_scatter_single(output, input, opts.reduceOp)
+        self._follow("reduce_scatter_tensor", outputs, inputs)
+        return self._launch("reduce_scatter_tensor", post(), outputs, opts.asyncOp, inputs=inputs)
 
     def _prepare_reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, reduce_op: dist.ReduceOp) -> Poster:
         op = "reduce_scatter_tensor"
@@ -400,7 +420,7 @@ class Front:
         transport = self._route(op, tensor)
         red = cached_reduction(op, reduce_op, tensor.dtype)
         self._precheck(op, dtype=tensor.dtype, numel=tensor.numel(), reduce_op=reduce_op.op)
-        return lambda: (transport.reduce_scatter_from(output, tensor, red), [output], [tensor])
+        return (lambda: transport.reduce_scatter_from(output, tensor, red)), [output], [tensor]
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -421,10 +441,10 @@ class Front:
         Every argument was checked before the first post, so a bad one
         leaves no peer waiting.
         """
-        posted = [poster() for poster in posters]
-        outputs = [tensor for _, outs, _ in posted for tensor in outs]
-        inputs = [tensor for _, _, ins in posted for tensor in ins]
-        return self._launch(op, AllPending([post for post, _, _ in posted]), outputs, async_op, inputs=inputs)
+        outputs = [tensor for _, outs, _ in posters for tensor in outs]
+        inputs = [tensor for _, _, ins in posters for tensor in ins]
+        self._follow(op, outputs, inputs)
+        return self._launch(op, AllPending([post() for post, _, _ in posters]), outputs, async_op, inputs=inputs)
 
     # -- all-to-all ------------------------------------------------------------
 
@@ -440,6 +460,7 @@ class Front:
         check.check_same_dtype(op, "output_tensor_list[0]", outputs[0], inputs[0], "input_tensor_list[0]")
         transport = self._route(op, inputs[0])
         self._precheck(op, dtype=inputs[0].dtype, numels=[t.numel() for t in inputs])
+        self._follow(op, outputs, inputs)
         return self._launch(op, transport.alltoall(outputs, inputs), outputs, opts.asyncOp, inputs=inputs)
 
     def all_to_all_single(
@@ -459,6 +480,7 @@ class Front:
         output_counts = check.split_counts(op, "output", output, output_split_sizes, self._size)
         transport = self._route(op, tensor)
         self._precheck(op, dtype=tensor.dtype, sends=input_counts, receives=output_counts)
+        self._follow(op, [output], [tensor])
         post = transport.alltoall_single(output, tensor, output_counts, input_counts)
         splits = (-1, input_counts, output_counts) if input_split_sizes or output_split_sizes else None
         return self._launch(op, post, [output], opts.asyncOp, inputs=[tensor], about=splits)
@@ -472,6 +494,9 @@ class Front:
         transport = self._route("barrier", torch.empty(0))
         own_timeout = opts.timeout.total_seconds()  # negative: torch's "unset"
         self._precheck("barrier")
+        if self._in_flight.entries:  # it ends after the group's earlier collectives, as Gloo's and NCCL's do
+            self._in_flight.end_collectives("barrier", own_timeout if own_timeout > 0 else None)
+            self._check_open("barrier")
         post = transport.barrier()
         return self._launch("barrier", post, [], opts.asyncOp, timeout_s=own_timeout if own_timeout > 0 else None)
 
@@ -541,15 +566,6 @@ class Front:
 
     # -- lifetime ----------------------------------------------------------------
 
-    def _forget_ended_works(self) -> None:
-        live = []
-        for work in self._async_works:
-            if not work._done:
-                live.append(work)
-            elif work._error is not None:
-                self._stranded = True
-        self._async_works = live
-
     def shutdown(self) -> None:
         """End the group (``destroy_process_group``); later calls raise.
 
@@ -558,7 +574,7 @@ class Front:
         program may destroy its groups without waiting on its last works.
         What is still pending then fails.
         """
-        finish_all(self._async_works, min(self._timeout_s, DRAIN_TIMEOUT_S))
+        finish_all(self._in_flight.works(), min(self._timeout_s, DRAIN_TIMEOUT_S))
         self._close("shut down")
 
     def abort(self) -> None:
@@ -570,11 +586,11 @@ class Front:
             return
         self._closed = how
         # Waiters and the progress thread fail their work within a few polls; this fails work nobody drives.
-        for work in self._async_works:
+        for work in self._in_flight.works():
             work.poll()
-        self._forget_ended_works()
-        stranded = self._stranded or bool(self._async_works)
-        self._async_works = []
+        self._in_flight.forget_ended()
+        unfinished = self._in_flight.clear()
+        stranded = self._stranded or self._in_flight.failed or bool(unfinished)
         for transport in self._transports.values():
             transport.close(in_flight=stranded)
         self._monitor.close()

@@ -32,6 +32,7 @@ import torch.distributed as dist  # noqa: E402
 from fake_device import FakeDevice  # noqa: E402
 from hpccomm import world  # noqa: E402
 from hpccomm.groups import front_of  # noqa: E402
+from hpccomm.in_flight import InFlight  # noqa: E402
 from hpccomm.progress import engine  # noqa: E402
 from hpccomm.transports.host_staged import HostStagedTransport  # noqa: E402
 from hpccomm.transports.device_gated import BySize  # noqa: E402
@@ -247,6 +248,27 @@ def async_works_waited_out_of_order() -> None:
         work.wait()
     for i, t in enumerate(tensors):
         assert t.tolist() == [ranks_sum(float(i))] * 8, (i, t)
+
+
+@check
+def a_collective_follows_an_async_one_on_its_memory_once_that_has_landed() -> None:
+    # The front lets an async collective on the same memory end first (hpccomm/in_flight.py), as NCCL's one
+    # stream orders them; the front cannot take this simulated device, so the check asks InFlight itself before
+    # each post, as the front does. The first one's results land on the side stream (the stand-in of a
+    # non-contiguous tensor: copied back on the host-gated paths too), which must have run before the second
+    # reads the tensor. Without InFlight, the second read stale values on every path.
+    in_flight = InFlight()
+    s = float(sum(r + 1 for r in range(SIZE)))
+    for _ in range(10):
+        t = torch.full((4, 2), float(RANK + 1)).t()
+        works = []
+        for _ in range(2):
+            in_flight.end_overlapping([t], [t])
+            works.append(HpcWork(TRANSPORT.allreduce([t], red(dist.ReduceOp.SUM, t.dtype)), [t], label(), 60.0))
+            in_flight.add(works[-1], [t])
+        for work in reversed(works):
+            work.wait()
+        assert torch.equal(t, torch.full_like(t, SIZE * s)), t
 
 
 @check

@@ -162,6 +162,27 @@ def tensors_dropped_after_an_async_call_still_get_right_results() -> None:
 
 
 @check
+def async_collectives_keep_call_order_on_one_tensor_and_end_before_a_barrier() -> None:
+    # As NCCL's one stream orders them: the second all-reduce reads the first one's results, which land on
+    # hpccomm's side stream (hpccomm/in_flight.py; on the CPU: tests/ranks/collectives.py, device_paths.py).
+    # Sizes either side of the staged path's limit: both paths where UCC serves the larger.
+    s = float(sum(r + 1 for r in range(SIZE)))
+    for numel in (4, 1 << 20):
+        for _ in range(10):
+            t = torch.full((numel,), float(RANK + 1), device=DEVICE)
+            first, second = dist.all_reduce(t, async_op=True), dist.all_reduce(t, async_op=True)
+            second.wait()
+            first.wait()
+            assert bool((t == SIZE * s).all()), (numel, t[:4])
+        # And a barrier ends after the group's earlier collectives, as NCCL's (its stream) and Gloo's do.
+        t = torch.full((numel,), float(RANK + 1), device=DEVICE)
+        work = dist.all_reduce(t, async_op=True)
+        dist.barrier()
+        assert work.is_completed(), f"an all-reduce of {numel} floats still running after the barrier"
+        assert bool((t == s).all()), (numel, t[:4])
+
+
+@check
 def the_compute_stream_runs_while_the_collective_does() -> None:
     # On an H100 (UCC path) work.wait() returned only after a kernel the caller queued after the
     # call. Timed stage by stage, on the default (legacy) stream and on a stream of the caller's own,

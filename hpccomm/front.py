@@ -588,7 +588,6 @@ class Front:
         # Waiters and the progress thread fail their work within a few polls; this fails work nobody drives.
         for work in self._in_flight.works():
             work.poll()
-        self._in_flight.forget_ended()
         unfinished = self._in_flight.clear()
         stranded = self._stranded or self._in_flight.failed or bool(unfinished)
         for transport in self._transports.values():

@@ -30,13 +30,11 @@ are not compared (their memory is not one range).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Sequence
-from datetime import timedelta
 
 import torch
 
-from .work import CommTimeoutError, HpcWork
+from .work import CommTimeoutError, HpcWork, describe, finish_all
 
 #: The bytes ``[start, end)`` a tensor's elements span.
 Extent = tuple[int, int]
@@ -75,19 +73,6 @@ def overlap(one: Sequence[Extent], other: Sequence[Extent]) -> bool:
             if start < other_end and other_start < end:
                 return True
     return False
-
-
-def _end(work: HpcWork, deadline: float | None = None) -> bool:
-    """Wait for ``work`` on this thread until it ends or ``deadline`` (else its own timeout); True once it has.
-
-    An error stays with the work, for its own ``wait()`` to raise.
-    """
-    limit = None if deadline is None else timedelta(seconds=max(deadline - time.monotonic(), 1e-6))
-    try:
-        work.wait(limit)
-    except Exception:  # noqa: BLE001
-        pass
-    return work._done
 
 
 class _Uses:
@@ -184,7 +169,7 @@ class InFlight:
                     read = written if reads is writes else extents(reads)
                 if uses.clash(written, read):
                     stale = True
-                    _end(work)
+                    finish_all((work,))
         if stale:
             self.forget_ended()
 
@@ -199,18 +184,19 @@ class InFlight:
         Raises:
             CommTimeoutError: an earlier collective had not ended within ``timeout_s``.
         """
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        for work, uses in self.entries:
-            if uses is not None and not _end(work, deadline):
-                raise CommTimeoutError(
-                    f"hpccomm {what}: Timed out waiting {max(1, round(timeout_s * 1000))}ms for the group's earlier "
-                    f"collective {work._label[0]} #{work._label[2]} to end (a barrier ends after them)"
-                )
+        late = finish_all([work for work, uses in self.entries if uses is not None], timeout_s)
+        if late is not None:
+            waited = late._timeout_s if timeout_s is None else timeout_s
+            raise CommTimeoutError(
+                f"hpccomm {what}: Timed out waiting {max(1, round(waited * 1000))}ms for the group's earlier "
+                f"collective {describe(late._label)} to end (a barrier ends after them)"
+            )
         self.forget_ended()
 
     def clear(self) -> list[HpcWork]:
-        """Forget every work (the group has ended); returns them."""
+        """Forget every work (the group has ended); returns those not ended, noting in :attr:`failed` a failed one."""
         with self._lock:
+            self._drop_ended()
             works = self.works()
             self.entries = []
         return works

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Protocol
 
@@ -507,16 +507,33 @@ class WorkList(dist.Work):
         return torch.futures.collect_all([work.get_future() for work in self._works]).then(outputs)
 
 
-def finish_all(works: list[HpcWork], limit_s: float) -> None:
-    """Drive asynchronous work still in flight to its end, for at most ``limit_s`` in all (a group's shutdown)."""
-    deadline = time.monotonic() + limit_s
+def finish_all(works: Iterable[HpcWork], limit_s: float | None = None) -> HpcWork | None:
+    """Drive works to their end in order, each within its own timeout and all within ``limit_s``.
+
+    An error stays with its work, for that work's own ``wait()`` to raise.
+
+    Args:
+        works: the works, in call order.
+        limit_s: bounds the whole wait (a group's shutdown, a barrier's own
+            timeout); None: only each work's own timeout.
+
+    Returns:
+        The first work that had not ended when the wait stopped; None once all have.
+    """
+    deadline = None if limit_s is None else time.monotonic() + limit_s
     for work in works:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
         if work._done:
             continue
+        limit = None
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return work
+            limit = timedelta(seconds=max(left, 1e-6))  # under a microsecond, a timedelta is zero: "no limit"
         try:
-            work.wait(timedelta(seconds=left))
-        except Exception:  # any error finish() raised, too: its waiter sees it; the group is ending
+            work.wait(limit)
+        except Exception:  # its own error (its waiter sees it) or the limit's (the caller's answer: this work)
             pass
+        if not work._done:
+            return work
+    return None

@@ -192,6 +192,21 @@ def test_a_barrier_with_its_own_timeout_waits_for_earlier_collectives_only_that_
     earlier.wait()
 
 
+def test_clearing_returns_the_works_not_ended_and_notes_an_ended_one_that_failed():
+    in_flight, live = InFlight(), Switch()
+    failed = Switch(error=RuntimeError("peer gone"))
+    failed.end()
+    works = [work(failed), work(live)]
+    in_flight.add(works[0], [torch.zeros(4)])
+    in_flight.add(works[1])
+    try:
+        works[0].poll()  # as a closing group polls each work
+        assert in_flight.clear() == [works[1]]
+        assert in_flight.failed and in_flight.works() == []
+    finally:
+        live.end()
+
+
 def test_works_added_from_several_threads_at_once_are_all_held():
     # Autograd's thread, the caller's and the callback runners' may all post on one group.
     in_flight, live = InFlight(), Switch()

@@ -1,7 +1,12 @@
 """Work: async progress without waiting, wait(timeout), futures, ordering."""
 
+import time
+
 import pytest
 from launch import assert_all_ranks_ok, run_ranks, world_sizes
+from test_in_flight import Switch, ended_by_another_thread, work
+
+from hpccomm.work import CommTimeoutError, finish_all
 
 
 @pytest.mark.parametrize("nprocs", world_sizes(2, 3))
@@ -10,3 +15,43 @@ def test_work_semantics(nprocs, progress_thread):
     """With and without the progress thread (the path a thread level below MULTIPLE takes)."""
     run = run_ranks(nprocs, "work.py", env={"HPCCOMM_PROGRESS_THREAD": progress_thread})
     assert_all_ranks_ok(run, nprocs)
+
+
+# -- driving works to their end (hpccomm.work.finish_all: a group's shutdown, a barrier after async collectives) --
+
+
+def test_finishing_works_ends_each_in_call_order_and_leaves_its_error_with_it():
+    switches = [Switch(), Switch(error=RuntimeError("peer gone")), Switch()]
+    works = [work(switch) for switch in switches]
+    timers = [ended_by_another_thread(switch, 0.05 * (3 - i)) for i, switch in enumerate(switches)]
+    try:
+        assert finish_all(works) is None
+        assert all(w._done for w in works)
+        works[0].wait()
+        with pytest.raises(RuntimeError, match="peer gone"):
+            works[1].wait()
+    finally:
+        for timer in timers:
+            timer.cancel()
+
+
+def test_finishing_works_within_a_limit_stops_there_and_names_the_first_not_ended():
+    ended, stuck = Switch(), Switch()
+    ended.end()
+    works = [work(ended), work(stuck, timeout_s=30.0), work(Switch(), timeout_s=30.0)]
+    try:
+        start = time.monotonic()
+        assert finish_all(works, 0.2) is works[1]
+        assert 0.2 <= time.monotonic() - start < 10.0  # not the works' own 30 s
+        assert not works[1]._done and not works[2]._done  # they go on, within their own timeouts
+        assert finish_all(works, 0.0) is works[1]  # no time left: the first not ended, at once
+    finally:
+        stuck.end()
+    assert works[1].wait()
+
+
+def test_finishing_works_without_a_limit_waits_each_only_its_own_timeout():
+    never = work(Switch(), timeout_s=0.2)
+    assert finish_all([never]) is None  # it ended: failed at its own timeout
+    with pytest.raises(CommTimeoutError, match="Timed out"):
+        never.wait()

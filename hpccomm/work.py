@@ -380,13 +380,21 @@ class HpcWork(dist.Work):
             if timeout is not None and timeout.total_seconds() > 0:
                 waited = timeout.total_seconds()
                 limit = min(limit, time.monotonic() + waited)
-            with self._claim:  # counted under the claim, so concurrent waiters never race on it
+            # Another thread's wait may hold the claim past this one's limit: within the group's timeout, whose end
+            # that thread reaches too, the claim is awaited to the end.
+            if not self._claim.acquire(timeout=-1 if limit >= self._deadline else max(limit - time.monotonic(), 0)):
                 if not self._done:
-                    self.waiters += 1
-                    try:
-                        self._drive_until(limit, waited)
-                    finally:
-                        self.waiters -= 1
+                    raise self._timeout_error(waited, final=False)
+            else:
+                try:
+                    if not self._done:
+                        self.waiters += 1  # counted under the claim, so concurrent waiters never race on it
+                        try:
+                            self._drive_until(limit, waited)
+                        finally:
+                            self.waiters -= 1
+                finally:
+                    self._claim.release()
         if self._error is not None:
             raise self._error
         return True

@@ -1,6 +1,8 @@
 """Work: async progress without waiting, wait(timeout), futures, ordering."""
 
+import threading
 import time
+from datetime import timedelta
 
 import pytest
 from launch import assert_all_ranks_ok, run_ranks, world_sizes
@@ -55,3 +57,24 @@ def test_finishing_works_without_a_limit_waits_each_only_its_own_timeout():
     assert finish_all([never]) is None  # it ended: failed at its own timeout
     with pytest.raises(CommTimeoutError, match="Timed out"):
         never.wait()
+
+
+def test_a_wait_with_its_own_timeout_ends_then_while_another_thread_waits_on_the_work():
+    # The other thread's wait drives the work (holds its claim) until the group's timeout, 30 s here.
+    switch = Switch()
+    shared = work(switch, timeout_s=30.0)
+    other = threading.Thread(target=shared.wait, daemon=True)
+    other.start()
+    timer = ended_by_another_thread(switch, 5.0)  # before the fix this wait ended only then, without an error
+    try:
+        while not shared.waiters:
+            time.sleep(0.001)
+        start = time.monotonic()
+        with pytest.raises(CommTimeoutError, match="Timed out waiting 200ms"):
+            shared.wait(timedelta(seconds=0.2))
+        assert time.monotonic() - start < 4.0 and not shared._done  # it goes on
+    finally:
+        timer.cancel()
+        switch.end()
+        other.join(10)
+    assert shared.wait() and not other.is_alive()

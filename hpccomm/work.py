@@ -287,6 +287,9 @@ class HpcWork(dist.Work):
         self._deadline = time.monotonic() + timeout_s
         # Re-entrant: a future callback run on completion may call wait().
         self._claim = threading.RLock()
+        # Orders the future's creation with the work's end, so one of them settles it, once; never held
+        # while driving, so get_future() returns at once while another thread's wait() holds the claim.
+        self._future_lock = threading.Lock()
         self._done = False
         self._error: BaseException | None = None
         # Settled with the outputs or a _Failed; callers get _public_future, chained to it.
@@ -351,8 +354,9 @@ class HpcWork(dist.Work):
         self._error = error
         if self._ended is not None:  # before the work reads as done: a waiter that sees it done sees it ended
             self._ended()
-        self._done = True
-        future = self._future
+        with self._future_lock:
+            self._done = True
+            future = self._future
         if future is not None:
             if defer_callbacks:
                 callbacks.runner().submit(lambda: self._settle_future(future))
@@ -439,13 +443,15 @@ class HpcWork(dist.Work):
                 self.wait()
             except RuntimeError:
                 pass  # recorded in self._error; the future carries it
-        with self._claim:
-            if self._future is None:
+        with self._future_lock:
+            created = self._future is None
+            if created:
                 self._future = Future()
                 self._public_future = self._future.then(_raise_failure)
-                if self._done:
-                    self._settle_future(self._future)
-            return self._public_future
+            ended = self._done
+        if created and ended:  # else the work's end settles it
+            self._settle_future(self._future)
+        return self._public_future
 
     def _source_rank(self) -> int:
         return getattr(self._pending, "source_rank", -1)

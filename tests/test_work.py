@@ -78,3 +78,64 @@ def test_a_wait_with_its_own_timeout_ends_then_while_another_thread_waits_on_the
         switch.end()
         other.join(10)
     assert shared.wait() and not other.is_alive()
+
+
+# -- futures ----------------------------------------------------------------------------------
+
+
+def catch(call) -> BaseException | None:
+    """What ``call()`` raised, if anything."""
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+    return None
+
+
+def test_get_future_returns_at_once_while_another_thread_waits_on_the_work():
+    # A progress thread has taken the work on; another thread's wait() holds its claim until the work ends.
+    switch = Switch()
+    shared = work(switch, timeout_s=30.0)
+    shared.driven = True
+    other = threading.Thread(target=shared.wait, daemon=True)
+    other.start()
+    timer = ended_by_another_thread(switch, 5.0)  # before the fix get_future returned only then
+    try:
+        while not shared.waiters:
+            time.sleep(0.001)
+        start = time.monotonic()
+        future = shared.get_future()
+        assert time.monotonic() - start < 2.0 and not future.done()
+        switch.end()
+        other.join(10)
+        assert future.wait() == [] and not other.is_alive()
+    finally:
+        timer.cancel()
+        switch.end()
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_a_future_asked_for_as_the_work_ends_is_settled_once(failed):
+    # The work's end (here a poll on another thread, as the progress thread's) races get_future(): whichever comes
+    # second settles the future, never neither (a future nobody settles) nor both (set_result twice raises).
+    for _ in range(300):
+        switch = Switch(error=RuntimeError("peer gone") if failed else None)
+        raced = work(switch)
+        raced.driven = True
+        switch.end()
+        raised = []
+        ender = threading.Thread(target=lambda: raised.append(catch(raced.poll)))  # noqa: B023
+        ender.start()
+        future = raced.get_future()
+        ender.join(10)
+        assert raised == [None], f"the work's end raised {raised}"
+        deadline = time.monotonic() + 10.0
+        while not future.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert future.done(), "the work ended but nobody settled its future"
+        if failed:
+            with pytest.raises(RuntimeError, match="peer gone"):
+                future.wait()
+        else:
+            assert future.wait() == []
+

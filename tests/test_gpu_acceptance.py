@@ -158,6 +158,46 @@ def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_prin
     assert targets.other_parts(tmp_path) in ([f"{ended}; top frame: {program}:6 in <module>"], [ended]), log
 
 
+def machine_without(tmp_path: Path, *missing: str) -> str:
+    """A PATH with every command of this one but ``missing``: as the GPU machine, whose image has no gdb and may
+    have no procps (ps, pkill)."""
+    farm = tmp_path / "bin"
+    farm.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for command in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if command.name not in missing and not (farm / command.name).exists() and os.access(command, os.X_OK):
+                (farm / command.name).symlink_to(command)
+    return str(farm)
+
+
+def test_a_part_past_its_limit_is_ended_on_a_machine_without_procps_or_gdb(tmp_path):
+    # Until 2026-12-06 a limit started its clock once `ps` named the step's session, and ended the step's session
+    # with `pkill`: without procps it waited for ever, and no part had a limit. The GPU machine has no gdb either.
+    program = tmp_path / "hangs.py"
+    program.write_text(
+        "import faulthandler, signal, subprocess, sys, time\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "if len(sys.argv) == 1:\n"
+        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
+        "    print('child', child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    part = tmp_path / "part.txt"
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\necho stacks=$STACKS_S\n"
+              f"within 2 {part} python3 {program}; echo rc=$? after=$((SECONDS - started))\n")
+    path = machine_without(tmp_path, "ps", "pkill", "pgrep", "gdb", "cuda-gdb")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": path})
+    log = part.read_text()
+    assert re.search(r"rc=124 after=([2-9]|1[0-2])\n", proc.stdout), proc.stdout + proc.stderr + log
+    assert "stacks=10\n" in proc.stdout, proc.stdout  # no time kept for a debugger there is not
+    assert log.count("most recent call first") == 2 and "acceptance: no gdb here (nor cuda-gdb)" in log, log
+    assert "HUNG: still running at its 2 s limit" in log and "command not found" not in log, log
+    child = int(log.split("child ")[1].split()[0])
+    assert not os.path.exists(f"/proc/{child}") or "zombie" in open(f"/proc/{child}/status").read().lower(), \
+        "a process the part started outlived it"
+
+
 def test_a_part_of_programs_not_python_past_its_limit_shows_where_each_rank_stood_in_c(tmp_path):
     # ucc_perftest's ranks print no Python stack, and SIGUSR1 would end them before gdb could read theirs (it
     # hung once in three runs on the H200, 2026-11-26): here two `tail`s under a shell stand for mpirun's ranks.

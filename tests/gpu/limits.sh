@@ -18,7 +18,12 @@ PROBE_S=60  # a set-up probe: torch, MPI or UCC loading (their loads took second
 
 NATIVE_MAX=16  # processes whose C stacks gdb reads past a limit (at once): a build's compilers are many
 DUMP_S=5  # a step past its limit: its Python processes' time to print their stacks on SIGUSR1
-GDB_S=20  # then gdb's time to read the C stacks (every process at once; SIGKILL 3 s later, as a hung ptrace may need)
+# What reads the C stacks: gdb, else cuda-gdb (the GPU machine has no gdb; its cuda-gdb attaches to programs), else
+# nothing, and no time is kept for it.
+DEBUGGER=$(command -v gdb || command -v cuda-gdb || true)
+[ -n "$DEBUGGER" ] || [ ! -x /usr/local/cuda/bin/cuda-gdb ] || DEBUGGER=/usr/local/cuda/bin/cuda-gdb
+GDB_S=20  # then its time to read the C stacks (every process at once; SIGKILL 3 s later, as a hung ptrace may need)
+[ -n "$DEBUGGER" ] || GDB_S=0
 # What a step past its limit takes after it to show where it stood (gdb's kill and the step's own included):
 # budget_cut keeps it out of a step's limit, so that a step ended at the budget's end has shown its stacks by then.
 STACKS_S=$((DUMP_S + GDB_S + 5))
@@ -26,9 +31,28 @@ STACKS_S=$((DUMP_S + GDB_S + 5))
 # would read as a hang.
 MIN_STEP_S=15
 
+process_table() {  # "pid ppid session" of every process, read from /proc: the GPU machine's image may have no
+  # procps (no ps, no pkill; not checked there), and a limit that waited on `ps` for a step's session would never
+  # start its clock
+  local f fields state ppid pgrp sid
+  for f in /proc/[0-9]*/stat; do
+    { read -r fields <"$f"; } 2>/dev/null || continue  # ended since the glob
+    # Past the command's name, which may hold spaces and parentheses: state, ppid, process group, session.
+    read -r state ppid pgrp sid _ <<<"${fields##*") "}"
+    echo "${f//[^0-9]/} $ppid $sid"
+  done
+}
+
+session_of() {  # pid: its session's id; nothing where it has ended
+  local fields state ppid pgrp sid
+  { read -r fields <"/proc/$1/stat"; } 2>/dev/null || return 0
+  read -r state ppid pgrp sid _ <<<"${fields##*") "}"
+  echo "$sid"
+}
+
 step_processes() {  # pid: the step's processes, in pid order: it, every process it started, whatever their session
   # (tests/launch.py starts each rank job in a session of its own), and any other of its session
-  ps -e -o pid=,ppid=,sid= | awk -v root="$1" '
+  process_table | awk -v root="$1" '
     { parent[$1] = $2; session[$1] = $3 }
     END {
       for (p in parent) {
@@ -54,8 +78,8 @@ native_stacks() {  # pid...: the C stacks, where gdb is here, of those that star
   # where a hang inside a C library (UCC, CUDA, MPI) stands
   local p readers=() dir parents leaves=() python=() chosen
   [ $# -gt 0 ] || return 0
-  if ! command -v gdb >/dev/null; then echo "acceptance: no gdb here: no native stacks"; return 0; fi
-  parents=" $(ps -o ppid= -p "$(IFS=,; echo "$*")" | tr -s ' \n' '  ') "
+  if [ -z "$DEBUGGER" ]; then echo "acceptance: no gdb here (nor cuda-gdb): no native stacks"; return 0; fi
+  parents=" $(process_table | awk -v listed=" $* " 'index(listed, " " $1 " ") { printf "%s ", $2 }') "
   for p in "$@"; do
     if [[ $parents != *" $p "* ]]; then
       [ "$(cat "/proc/$p/comm" 2>/dev/null)" = sleep ] || leaves+=("$p")
@@ -68,7 +92,7 @@ native_stacks() {  # pid...: the C stacks, where gdb is here, of those that star
   dir=$(mktemp -d)
   for p in "${chosen[@]}"; do
     { echo "acceptance: native stack of pid $p ($(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-80))"
-      timeout -k 3 "$GDB_S" gdb -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
+      timeout -k 3 "$GDB_S" "$DEBUGGER" -p "$p" -batch -nx -ex "thread apply all bt 25" 2>&1 | grep -E "^(Thread|#)"
     } >"$dir/$p" &
     readers+=($!)
   done
@@ -91,7 +115,7 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
   setsid "$@" &
   pid=$!
   # Its session is the one it leads once setsid has run in it (its id is its pid): until then, no clock.
-  until [ "$(ps -o sid= -p "$pid" | tr -d ' ')" = "$pid" ] || ! kill -0 "$pid" 2>/dev/null; do sleep 0.01; done
+  until [ "$(session_of "$pid")" = "$pid" ] || ! kill -0 "$pid" 2>/dev/null; do sleep 0.01; done
   local deadline=$((SECONDS + limit))
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
@@ -105,7 +129,10 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
     # shellcheck disable=SC2086
     native=$(native_stacks $procs 2>&1)
     # shellcheck disable=SC2086
-    { kill -KILL $procs; pkill -KILL -s "$pid"; wait "$pid"; } 2>/dev/null
+    # Then any process of its session started since they were taken.
+    # shellcheck disable=SC2046
+    { kill -KILL $procs; kill -KILL $(process_table | awk -v sid="$pid" '$3 == sid { print $1 }'); wait "$pid"
+    } 2>/dev/null
     rc=124
     [ -z "$native" ] || echo "$native" >&2
     echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >&2

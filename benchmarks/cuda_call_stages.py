@@ -33,7 +33,9 @@ tests/gpu/acceptance.sh.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import statistics
 import time
 from collections.abc import Callable
@@ -108,6 +110,7 @@ def stage_us(calls: list[dict[str, float]]) -> dict[str, float | None]:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # past its limit its stacks print (tests/gpu/limits.sh)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="4,1048576,16777216,67108864", help="bytes, comma-separated")
     parser.add_argument("--iters", type=int, default=20, help="calls per size, each way")

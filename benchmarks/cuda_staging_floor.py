@@ -28,7 +28,9 @@ avoids; with one GPU per rank the single-rank floor is the one that applies.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import signal
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -158,6 +160,7 @@ def profile_calls(tensor: torch.Tensor, calls: int) -> None:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # past its limit its stacks print (tests/gpu/limits.sh)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bytes", type=int, default=4)
     parser.add_argument("--iters", type=int, default=500)

@@ -91,6 +91,18 @@ def test_each_diagnosis_selects_one_gpu_check():
         assert len([name for name in checks if part in name]) == 1, (part, checks)
 
 
+def test_every_python_program_the_run_bounds_prints_its_stacks_past_its_limit():
+    # limits.sh sends SIGUSR1 only to Python processes that handle it: one that does not is ended without a word of
+    # where it stood (cuda_call_stages.py and cuda_staging_floor.py until 2026-12-06, the UCC parts likeliest to
+    # hang). Its own faulthandler, or rankcheck's.
+    programs = set(re.findall(r"\b((?:benchmarks|tests/gpu/ranks)/\w+\.py)\b", SCRIPT.read_text()))
+    assert {"benchmarks/cuda_allreduce.py", "benchmarks/cuda_call_stages.py", "benchmarks/cuda_staging_floor.py",
+            "tests/gpu/ranks/cuda_ops.py"} <= programs, programs
+    for program in sorted(programs):
+        source = (REPO / program).read_text()
+        assert "faulthandler.register(signal.SIGUSR1" in source or "from rankcheck import" in source, program
+
+
 def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp_path):
     # tests/build_ucc.sh: on the H100 a UCC rebuilt without tl/nccl into the same prefix most likely still had
     # the first build's tl/nccl there (issue 39). Before it builds, an earlier build of its own is removed, and

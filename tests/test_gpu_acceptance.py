@@ -19,6 +19,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,9 @@ def test_prepare_assembles_the_bundle_the_gpu_machine_installs_from(tmp_path):
     if os.environ.get("HPCCOMM_UCC_SOURCE") or any(path.is_file() for path in UCC_TARBALLS):
         assert (bundle / "ucc-source.tar.gz").is_file(), proc.stdout
         assert any((bundle / "ucx").glob("libucx_cu13-*.whl")), proc.stdout
+    # The commit, for report.md: the device tool copies the working tree without its history.
+    head = subprocess.run(["git", "log", "-1", "--format=%h"], capture_output=True, text=True, cwd=REPO).stdout
+    assert (bundle / "source.txt").read_text().startswith(head.strip() + " "), proc.stdout
     size = sum(path.stat().st_size for path in bundle.rglob("*") if path.is_file())
     assert size < 60e6, f"the bundle takes {size / 1e6:.1f} MB: the device tool carries 64 MiB at most"
 
@@ -356,6 +361,73 @@ def test_every_limit_of_the_run_set_up_included_is_cut_to_what_is_left_of_its_bu
     assert literal == [], literal
 
 
+def test_a_part_starts_only_with_time_enough_and_one_the_budget_cut_says_so(tmp_path):
+    # A pass given 20 s would be ended in its first checks and read as hung: a part starts only with PART_MIN_S (or
+    # its own limit, where less) of the budget left, and a part whose limit the budget cut says so in its log, for
+    # targets.md to name it as such rather than as hung (tests/test_gpu_targets.py).
+    script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\necho min=$PART_MIN_S\n"
+              "budget=$((STACKS_S + PART_MIN_S + 10))\n"
+              f"within 200 {tmp_path / 'cut.txt'} echo ran; echo rc=$?\n"
+              f"within 10 {tmp_path / 'own.txt'} echo ran; echo rc=$?\n"
+              "budget=$((SECONDS - started + STACKS_S + PART_MIN_S - 10))\n"
+              f"within 200 {tmp_path / 'short.txt'} echo ran; echo rc=$?\n"
+              f"within 25 {tmp_path / 'fits.txt'} echo ran; echo rc=$?\n")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "min=40\nrc=0\nrc=0\nrc=124\nrc=0\n", proc.stdout + proc.stderr
+    assert re.fullmatch(r"ran\nacceptance: its limit cut by the budget from 200 s\nacceptance: exit status 0 after "
+                        r"\d+ s\n", (tmp_path / "cut.txt").read_text())
+    for name in ("own.txt", "fits.txt"):
+        assert "cut" not in (tmp_path / name).read_text()
+    assert (tmp_path / "short.txt").read_text().startswith("acceptance: out of time")
+
+
+def test_what_a_run_ended_from_outside_left_running_the_next_run_ends(tmp_path):
+    # The device tool ends a call at its limit, and a step in a session of its own outlives the run's shell: on a
+    # warm machine the next call would share the GPU with it. Each step's session is noted as it starts, and the
+    # next run ends them all before it starts anything.
+    program = tmp_path / "hangs.py"
+    program.write_text(
+        "import subprocess, sys, time\n"
+        "if len(sys.argv) == 1:\n"
+        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
+        "    print('child', child.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    sessions, part = tmp_path / "sessions", tmp_path / "part.txt"
+    run = subprocess.Popen(["bash", "-c", f"started=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 300))\n"
+                            f"STEP_SESSIONS={sessions}\nwithin 200 {part} python3 {program}\n"])
+    try:
+        deadline = time.monotonic() + 30
+        while "child" not in (part.read_text() if part.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        run.kill()  # as the device tool's end: no trap, no word
+        run.wait(10)
+        [step] = sessions.read_text().split()
+        child = int(part.read_text().split("child ")[1].split()[0])
+        assert alive(int(step)) and alive(child), "the run's step ended with it: nothing to test"
+        proc = subprocess.run(["bash", "-c", f"source {LIMITS}\nend_sessions {sessions}"], timeout=30)
+        assert proc.returncode == 0 and sessions.read_text() == ""
+        deadline = time.monotonic() + 10
+        while (alive(int(step)) or alive(child)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(int(step)) and not alive(child), "a step of the earlier run outlived the next run's start"
+    finally:
+        started = re.findall(r"child (\d+)", part.read_text() if part.exists() else "")
+        started += sessions.read_text().split() if sessions.exists() else []
+        for pid in started:
+            if alive(int(pid)):
+                os.kill(int(pid), 9)
+
+
+def alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def test_a_hung_check_is_named_with_its_top_frame_and_ends_its_rank(tmp_path):
     # rankcheck's per-check limit (RANKCHECK_LIMIT_S), which tests/gpu sets for every check on the GPU.
     program = tmp_path / "checks.py"
@@ -400,20 +472,26 @@ def test_a_selection_that_names_no_check_fails_and_says_so(tmp_path):
 SLIPS = ("ImportError", "ModuleNotFoundError", "NameError", "AttributeError", "SyntaxError", "TypeError")
 
 
-def rehearse(tmp_path: Path, budget_s: int, **settings: str) -> tuple[subprocess.CompletedProcess, str, str]:
-    """``run`` here, without a GPU, installing nothing, with the caller's UCC and hpccomm settings left out (but
-    ``UCC_HOME`` where ``settings`` ask for the UCC installed here): the run, its report and targets.md's "What
-    failed or hung" section, once the checks that hold for any rehearsal pass: the five files are there, every
-    target reads "not measured", and no part failed on a slip of ours."""
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    out = tmp_path / "out"
+def rehearsal(tmp_path: Path, budget_s: int, **settings: str) -> tuple[Path, dict[str, str]]:
+    """Where ``run`` rehearsed in ``tmp_path`` (its bundle, empty, in ``bundle``) writes (its $OUT), and its
+    environment: nothing installed, the caller's UCC and hpccomm settings left out (but ``UCC_HOME`` where
+    ``settings`` ask for the UCC installed here), the sessions of its steps noted in a file of its own."""
+    (tmp_path / "bundle").mkdir()
     keep = "UCC_HOME" if "ACCEPTANCE_UCC" in settings else None
     env = {key: value for key, value in os.environ.items() if key == keep or not key.startswith(("UCC_", "HPCCOMM_"))}
-    env.update(OUT=str(out), ACCEPTANCE_INSTALL="0", ACCEPTANCE_BUDGET_S=str(budget_s), CUDA_VISIBLE_DEVICES="",
+    env.update(OUT=str(tmp_path / "out"), ACCEPTANCE_INSTALL="0", ACCEPTANCE_BUDGET_S=str(budget_s),
+               CUDA_VISIBLE_DEVICES="", ACCEPTANCE_SESSIONS=str(tmp_path / "sessions"),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **settings)
+    return tmp_path / "out", env
+
+
+def rehearse(tmp_path: Path, budget_s: int, **settings: str) -> tuple[subprocess.CompletedProcess, str, str]:
+    """``run`` here, without a GPU (:func:`rehearsal`): the run, its report and targets.md's "What failed or hung"
+    section, once the checks that hold for any rehearsal pass: the five files are there, every target reads "not
+    measured", and no part failed on a slip of ours."""
+    out, env = rehearsal(tmp_path, budget_s, **settings)
     # The budget bounds the parts; what follows them (targets.md, the report, the tarball) takes seconds.
-    proc = subprocess.run(["bash", str(SCRIPT), "run", str(bundle)], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(SCRIPT), "run", str(tmp_path / "bundle")], capture_output=True, text=True,
                           timeout=budget_s + 120, env=env, cwd=REPO)
     assert sorted(path.name for path in out.iterdir()) == ["pytest-1.txt", "pytest-2.txt", "raw.tar.gz", "report.md",
                                                            "targets.md"], proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -489,3 +567,50 @@ def test_run_without_ucc_ends_with_each_part_named_or_skipped(tmp_path):
                  "- compare.log: did not run (no time left)", "- floor-1.md: did not run (no time left)",
                  "- floor-2.md: did not run (no time left)"):
         assert part in failed, failed
+
+
+def test_a_run_ended_by_sigterm_ends_its_step_and_leaves_what_it_has_in_out(tmp_path):
+    # The device tool's limit is less than the call's where less device time is left (a second call on a fresh
+    # machine): until 2026-12-06 such an end brought back only report.md's head. Now each part leaves targets.md,
+    # the passes' logs and raw.tar.gz in $OUT as it ends, and a SIGTERM ends the step under way and writes them
+    # once more. Here the first test pass hangs (a pytest plugin that sleeps), and the run gets SIGTERM there.
+    (tmp_path / "hang_plugin.py").write_text(
+        "import os, time\n"
+        "def pytest_collection_finish(session):\n"
+        "    open(os.environ['HANG_MARK'] + '.new', 'w').write(str(os.getpid()))\n"
+        "    os.replace(os.environ['HANG_MARK'] + '.new', os.environ['HANG_MARK'])\n"
+        "    time.sleep(600)\n"
+    )
+    out, env = rehearsal(tmp_path, 300)
+    mark = tmp_path / "pytest.pid"
+    env.update(PYTEST_PLUGINS="hang_plugin", PYTHONPATH=str(tmp_path), HANG_MARK=str(mark))
+    printed = tmp_path / "printed.txt"
+    with printed.open("w") as sink:
+        run = subprocess.Popen(["bash", str(SCRIPT), "run", str(tmp_path / "bundle")], stdout=sink,
+                               stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 200
+        while not mark.exists() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert mark.exists(), "the first test pass never started"
+        hung = int(mark.read_text())
+        # The parts before it have left their results already: the benchmark's part among them.
+        assert (out / "targets.md").exists() and (out / "raw.tar.gz").exists(), sorted(os.listdir(out))
+        start = time.monotonic()
+        run.terminate()
+        run.wait(60)
+        assert run.returncode == 143 and time.monotonic() - start < 30, printed.read_text()[-3000:]
+        assert not alive(hung), "the step under way outlived the run"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+        if mark.exists() and alive(int(mark.read_text())):
+            os.kill(int(mark.read_text()), 9)
+    assert re.search(r"acceptance: ended by SIGTERM after \d+ s\n\Z", (out / "report.md").read_text())
+    # targets.md names the pass as ended with the run, not as passed or hung.
+    failed = (out / "targets.md").read_text().split("## What failed or hung")[1]
+    assert "- pass 1 (pytest-1.txt):\n  - the part was ended with the run (SIGTERM: the device tool's limit)\n" \
+        in failed, failed
+    with tarfile.open(out / "raw.tar.gz") as raw:
+        assert "./pytest-1.txt" in raw.getnames() and "./compare.log" in raw.getnames(), raw.getnames()

@@ -389,6 +389,35 @@ def test_a_pass_ended_before_pytests_report_is_read_from_its_rank_jobs_own_logs(
     assert f"{ITEM.format('staged')}:" not in failed
 
 
+def test_a_part_ended_where_the_budget_ran_out_is_not_measured_rather_than_hung(tmp_path):
+    # limits.sh's within notes a limit the budget cut: a pass ended there is not known to hang, and until 2026-12-06
+    # its unfinished item read as a failure (SHORT) whenever the budget ran out during the second pass.
+    second = (f"{ITEM.format('staged')} PASSED [ 12%]\n{ITEM.format('ucc')} PASSED [ 25%]\n"
+              f"{ITEM.format('ucc-triggered')} acceptance: HUNG: still running at its 41 s limit (stacks above)\n"
+              "acceptance: its limit cut by the budget from 200 s\nacceptance: exit status 124 after 350 s\n")
+    # A part the budget cut that ended within it is judged as any other; one ended at the cut limit says so.
+    floor = ("rank 0: RuntimeError: no CUDA\nacceptance: its limit cut by the budget from 30 s\n"
+             "acceptance: exit status 1 after 352 s\n")
+    trace = ("acceptance: HUNG: still running at its 12 s limit (stacks above, where the program prints them)\n"
+             "acceptance: its limit cut by the budget from 30 s\nacceptance: exit status 124 after 380 s\n")
+    write_run(tmp_path, logs={"pytest-1.txt": all_passed(), "pytest-2.txt": second, "floor-2.md": floor,
+                              "ucc-trace.txt": trace})
+    out = targets.table(tmp_path)
+    got = verdicts(out)
+    assert got["tests/gpu passes twice on staged"] == "PASS", out
+    assert got["tests/gpu passes twice on ucc-triggered"] == "not measured", out
+    assert "pass 2: 1 unfinished (ended at the 41 s the budget left it, its own limit 200 s)" in out, out
+    failed = section(out)
+    assert (f"  - {ITEM.format('ucc-triggered')}: never finished (the pass was ended at the 41 s the budget left "
+            "it, its own limit 200 s while it ran)") in failed, failed
+    assert "- floor-2.md: exit status 1: rank 0: RuntimeError: no CUDA" in failed, failed
+    assert "- ucc-trace.txt: the part was ended at the 12 s the budget left it, its own limit 30 s" in failed, failed
+    # A failed item fails the pass whatever the budget did.
+    second = second.replace(f"{ITEM.format('ucc')} PASSED", f"{ITEM.format('ucc')} FAILED")
+    write_run(tmp_path, logs={"pytest-2.txt": second})
+    assert verdicts(targets.table(tmp_path))["tests/gpu passes twice on ucc"] == "SHORT"
+
+
 def test_a_marker_only_quoted_in_a_repr_is_cut_at_its_escaped_newline():
     lines = ["E        +  where 3 = RankRun(returncode=3, output='OK rank=1 checks=2\\nHUNG rank=0 waits after 5 s; "
              "top frame: /w/ranks/x.py:9 in waits\\nThread 0x1 (most recent call first):\\n').returncode"]

@@ -28,10 +28,15 @@
 # ACCEPTANCE_BUDGET_S (default 380 s, set-up included, so that a call with a fresh machine's start stays under
 # 8 minutes and a session can run it twice); a part past its limit gets SIGUSR1 in those of its Python programs
 # that print every thread's stack on it (rankcheck, the benchmarks; a rank program under pytest prints into
-# the pass's ranks-N/ as it comes: tests/launch.py's RANK_JOB_LOGS), and where gdb is, the C stacks of every
-# process that started none (ucc_perftest's ranks, a rank program) and of the other Python ones follow; then it
-# is ended with every process it started, rank jobs in sessions of their own included, and the run goes on
-# (tests/gpu/limits.sh).
+# the pass's ranks-N/ as it comes: tests/launch.py's RANK_JOB_LOGS), and where gdb is (else cuda-gdb: the GPU
+# machine has no gdb), the C stacks of every process that started none (ucc_perftest's ranks, a rank program) and
+# of the other Python ones follow; then it is ended with every process it started, rank jobs in sessions of their
+# own included, and the run goes on (tests/gpu/limits.sh, which reads processes from /proc: no procps needed). A
+# part starts only with 40 s of the budget left, or its own limit where that is less; one ended at a limit the
+# budget cut is named as such in targets.md, not as hung. After each part, targets.md, the test passes' logs and
+# raw.tar.gz are written to $OUT as they stand, so that a call the device tool ends early (its limit is less where
+# less device time is left: set ACCEPTANCE_BUDGET_S below it) still brings them back; a SIGTERM ends the step under
+# way and writes them once more. A run first ends what an earlier one on the same machine left running.
 # The set-up's steps that can hang have limits too, their Python ones printing their stacks through
 # tests/gpu/with_stacks.py: a probe that hung, failed or had no time left is named in targets.md (set-up.txt)
 # and the run goes on; an install past its limit ends the run, its log (stacks included) printed. Every limit,
@@ -62,8 +67,9 @@
 # step in Python too), report.md (the machine, UCC's components and environment, UCX's transports, what the
 # set-up's probes printed on stderr, every table above), pytest-1.txt and
 # pytest-2.txt, raw.tar.gz (every log and JSON; ranks-1/ and ranks-2/, each rank job's output of the two
-# passes as it came, which outlives a pass ended at its limit). A part the budget leaves no time for says so in its
-# log.
+# passes as it came, which outlives a pass ended at its limit); install.log too where an install failed (the run
+# ends there). A part the budget leaves no time for says so in its log. report.md names the commit from the
+# bundle's source.txt ('prepare' writes it; a failed UCC prebuild fails 'prepare').
 # Exit status: that of the test passes.
 # Rehearse 'run' on the CPU before a GPU session (docs/ucc-cuda.md, "Rehearsed on the CPU"): every part fails
 # fast there, and targets.md must name each one's cause.
@@ -107,12 +113,16 @@ prepare)
     rm -rf "$work"
   fi
   # UCC built here for the GPU machine (tests/gpu/prebuild_ucc.sh, about 2 minutes, needs PyPI and mpicc): 'run'
-  # unpacks it instead of building it there (130-150 s of device time). HPCCOMM_PREBUILD_UCC=0 leaves it out.
+  # unpacks it instead of building it there (130-150 s of device time, which leaves the parts too little of the
+  # budget: a failed prebuild fails 'prepare'). HPCCOMM_PREBUILD_UCC=0 leaves it out, and 'run' builds UCC there.
   rm -f "$bundle/ucc-prebuilt.tar.gz"
   if [ -f "$bundle/ucc-source.tar.gz" ] && [ "${HPCCOMM_PREBUILD_UCC:-1}" != 0 ]; then
     bash tests/gpu/prebuild_ucc.sh "$bundle" "$bundle/ucc-source.tar.gz" \
-      || echo "UCC prebuild failed: 'run' will build UCC on the GPU machine" >&2
+      || { echo "UCC prebuild failed (HPCCOMM_PREBUILD_UCC=0: 'run' builds UCC on the GPU machine)" >&2; exit 1; }
   fi
+  # The device tool copies the working tree without its history: report.md names the commit from here.
+  echo "$(git log -1 --format='%h %ad %s' --date=short | cut -c1-100)$([ -z "$(git status --porcelain \
+    --untracked-files=no)" ] || echo ' (with uncommitted changes)')" >"$bundle/source.txt"
   echo "prepared $bundle: $(cd "$bundle" && find . -type f | sort | tr '\n' ' ')"
   du -sh "$bundle"
   ;;
@@ -124,6 +134,34 @@ run)
   started=$SECONDS
   budget=${ACCEPTANCE_BUDGET_S:-380}
   source tests/gpu/limits.sh  # within (a part); python_step, setup_step and probe (the set-up): each a limit
+  # What an earlier run on this machine left (a call the device tool ended, rerun while the machine was warm): the
+  # sessions of its steps (limits.sh notes each in $STEP_SESSIONS), and MPS's daemon, ended before anything starts.
+  STEP_SESSIONS=${ACCEPTANCE_SESSIONS:-/tmp/hpccomm-acceptance.sessions}  # a rehearsal's own (tests run side by side)
+  end_sessions "$STEP_SESSIONS"
+  if [ -d /tmp/hpccomm-mps/pipe ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY=/tmp/hpccomm-mps/pipe timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1
+  fi
+  rm -rf /tmp/hpccomm-mps
+  checkpoint() {  # what the run has so far, into $OUT: the device tool may end the call before the report (its
+    # limit is less where less device time is left), and then targets.md and raw.tar.gz still come back
+    cp "$work"/pytest-*.txt "$out/" 2>/dev/null
+    if ! python3 tests/gpu/targets.py "$work" >"$out/targets.md" 2>"$work/targets-error.txt"; then
+      echo "tests/gpu/targets.py failed (raw.tar.gz: targets-error.txt): $(tail -n 1 "$work/targets-error.txt")" \
+        >>"$out/targets.md"
+    fi
+    tar -czf "$out/raw.tar.gz" -C "$work" . 2>/dev/null
+  }
+  part() {  # seconds file command...: a part of the run (limits.sh's within), then what the run has so far
+    local rc
+    within "$@"
+    rc=$?
+    checkpoint
+    return $rc
+  }
+  # Ended from outside (the device tool at its limit): the step under way ended with all it started, then what
+  # the run has so far, and a line saying so in report.md.
+  trap 'end_step SIGTERM; echo "acceptance: ended by SIGTERM after $((SECONDS - started)) s" >>"$out/report.md"
+        checkpoint; exit 143' TERM
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
   # The set-up has limits too, printing its stacks past them as the parts do: a probe 60 s (torch, MPI or UCC
   # loading), the wheels' install 120 s, the UCX wheel's unzip 60 s, hpccomm's install (its C extensions built)
@@ -132,7 +170,7 @@ run)
   # An install that fails or hangs ends the run with its log.
   [ "$install" = 0 ] || python_step "$(budget_cut 120)" -m pip install -q --no-index --find-links "$bundle/wheels" \
     cffi pytest pytest-timeout \
-    >"$work/install.log" 2>&1 || { cat "$work/install.log"; exit 1; }
+    >"$work/install.log" 2>&1 || { cp "$work/install.log" "$out/"; cat "$work/install.log"; exit 1; }
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
   # Each Python step of the set-up (probes, the UCX wheel's unzip) writes its stderr to set-up.txt under a line
   # naming it (limits.sh's setup_step; a hung one: its stacks), which report.md shows and targets.md reads.
@@ -185,7 +223,7 @@ run)
   fi
   [ "$install" = 0 ] || python_step "$(budget_cut 300)" -m pip install -q --no-deps --no-build-isolation -e . \
     >>"$work/install.log" 2>&1 \
-    || { cat "$work/install.log"; exit 1; }
+    || { cp "$work/install.log" "$out/"; cat "$work/install.log"; exit 1; }
   if [ "$(probe -c 'from hpccomm.transports.mpi_cuda import cuda_aware; print(cuda_aware())')" = True ]; then
     paths="$paths mpi"
   fi
@@ -197,7 +235,8 @@ run)
     echo "# GPU acceptance $(date -u +%FT%TZ): paths $paths; UCC $ucc_from; set up in $((SECONDS - started)) s"
     echo '```'
     timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_mode --format=csv
-    echo "git: $(git log -1 --format='%h %s' 2>/dev/null | cut -c1-100)$(git status --porcelain 2>/dev/null | grep -q . && echo ' (with uncommitted changes)')"
+    # The device tool copies a working tree without its history: prepare noted the commit in the bundle.
+    echo "git: $(cat "$bundle/source.txt" 2>/dev/null || echo "unknown (the bundle has no source.txt)")"
     # The probes' stderr goes to set-up.txt (shown below): a hung one's stacks reach targets.md too.
     probe -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
     probe -m hpccomm info | grep -E "UCC|CUDA|TRANSPORT|library"
@@ -229,7 +268,7 @@ run)
     for mode in oop inplace oop-nocache; do
       flag=(); [ $mode = inplace ] && flag=(-i)
       cache=(); [ $mode = oop-nocache ] && cache=(-x UCX_MEMTYPE_CACHE=n)
-      within 30 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS "${cache[@]}" \
+      part 30 "$work/perftest-$mode.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS "${cache[@]}" \
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5 "${flag[@]}"
     done
   fi
@@ -238,20 +277,20 @@ run)
   [[ " $paths " == *" ucc "* ]] && bench=(staged ucc auto)
   for path in $paths; do [[ $path == mpi || " ${bench[*]} " == *" $path "* ]] || bench+=("$path"); done
   bench_paths=$(IFS=,; echo "${bench[*]}")
-  within 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
+  part 150 "$work/compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 3 --paths "$bench_paths" \
     --job-timeout 45 --budget-s 140 --json "$work/compare.json"
   # Where a UCC all-reduce's time goes, timed perftest's way and back to back (the gap to ucc_perftest).
   ucc_stages=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2 python3
               benchmarks/cuda_call_stages.py)
-  [[ " $paths " == *" ucc "* ]] && within 45 "$work/stages.txt" "${ucc_stages[@]}" --json "$work/stages.json"
-  within 200 "$work/pytest-1.txt" env RANK_JOB_LOGS="$work/ranks-1" python3 -m pytest -v -p no:cacheprovider \
+  [[ " $paths " == *" ucc "* ]] && part 45 "$work/stages.txt" "${ucc_stages[@]}" --json "$work/stages.json"
+  part 200 "$work/pytest-1.txt" env RANK_JOB_LOGS="$work/ranks-1" python3 -m pytest -v -p no:cacheprovider \
     tests/gpu || status=1
   if [[ " $paths " == *" ucc "* ]]; then
     # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
     # a stream of the caller's), and a rank alone in a collective with tl/nccl let into the team.
-    within 40 "$work/diag-stream.txt" env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 \
+    part 40 "$work/diag-stream.txt" env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 \
       RANKCHECK_LIMIT_S=30 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py compute_stream
-    within 40 "$work/diag-nccl-alone.txt" env -u UCC_CL_BASIC_TLS UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc \
+    part 40 "$work/diag-nccl-alone.txt" env -u UCC_CL_BASIC_TLS UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc \
       HPCCOMM_CUDA_STAGED_MAX_BYTES=0 RANKCHECK_LIMIT_S=30 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
       missing_peer
   fi
@@ -262,11 +301,11 @@ run)
     # (torch's CUDA libraries loaded whole: a slower start, hence the longer limit).
     triggered=(env HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 HPCCOMM_UCC_TRIGGERED=1
                RANKCHECK_LIMIT_S=12 UCC_COLL_TRACE=debug UCC_EC_CUDA_LOG_LEVEL=debug)
-    within 25 "$work/diag-triggered.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+    part 25 "$work/diag-triggered.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
       sizes_from_empty
-    within 25 "$work/diag-triggered-noncoop.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
+    part 25 "$work/diag-triggered-noncoop.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
       hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py sizes_from_empty
-    within 60 "$work/diag-triggered-noncoop-eager.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
+    part 60 "$work/diag-triggered-noncoop-eager.txt" "${triggered[@]}" UCC_EC_CUDA_USE_COOPERATIVE_LAUNCH=n \
       CUDA_MODULE_LOADING=EAGER RANKCHECK_LIMIT_S=25 hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
       sizes_from_empty
   fi
@@ -276,14 +315,14 @@ run)
     export CUDA_MPS_PIPE_DIRECTORY=/tmp/hpccomm-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/hpccomm-mps/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
     if timeout 20 "$mps_control" -d >"$work/mps-start.txt" 2>&1; then
-      within 30 "$work/mps-perftest-oop.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
+      part 30 "$work/mps-perftest-oop.txt" mpirun -n 2 -x LD_LIBRARY_PATH -x UCC_CL_BASIC_TLS \
         -x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY \
         "$UCC_HOME/bin/ucc_perftest" -c allreduce -m cuda -b 4 -e 67108864 -n 20 -w 5
-      within 45 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 --ops all_reduce \
+      part 45 "$work/mps-compare.log" python3 benchmarks/cuda_allreduce.py --compare -n 2 --rounds 2 --ops all_reduce \
         --paths staged,ucc --job-timeout 20 --budget-s 40 --json "$work/mps-compare.json"
       [[ " $paths " == *" ucc "* ]] \
-        && within 40 "$work/mps-stages.txt" "${ucc_stages[@]}" --json "$work/mps-stages.json"
-      within 25 "$work/diag-triggered-mps.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
+        && part 40 "$work/mps-stages.txt" "${ucc_stages[@]}" --json "$work/mps-stages.json"
+      part 25 "$work/diag-triggered-mps.txt" "${triggered[@]}" hpccomm-run -n 2 python3 tests/gpu/ranks/cuda_ops.py \
         sizes_from_empty
       echo quit | timeout 20 "$mps_control" >>"$work/mps-start.txt" 2>&1
     else
@@ -291,20 +330,19 @@ run)
     fi
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
-  within 200 "$work/pytest-2.txt" env RANK_JOB_LOGS="$work/ranks-2" python3 -m pytest -v -p no:cacheprovider \
+  part 200 "$work/pytest-2.txt" env RANK_JOB_LOGS="$work/ranks-2" python3 -m pytest -v -p no:cacheprovider \
     tests/gpu || status=1
-  within 30 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
+  part 30 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
     --profile 2000
   # Which UCC team layer serves each collective on CUDA memory.
   trace=(env UCC_COLL_TRACE=info HPCCOMM_TRANSPORT=cuda:ucc HPCCOMM_CUDA_STAGED_MAX_BYTES=0 hpccomm-run -n 2
          python3 benchmarks/cuda_allreduce.py --sizes 4,4194304 --rounds 1 --iters 2)
   if [[ " $paths " == *" ucc "* ]]; then
-    within 30 "$work/ucc-trace.txt" "${trace[@]}"
-    within 30 "$work/ucc-trace-nccl.txt" env -u UCC_CL_BASIC_TLS "${trace[@]}"
+    part 30 "$work/ucc-trace.txt" "${trace[@]}"
+    part 30 "$work/ucc-trace-nccl.txt" env -u UCC_CL_BASIC_TLS "${trace[@]}"
   fi
-  within 30 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
-  cp "$work"/pytest-*.txt "$out/" 2>/dev/null
-  python3 tests/gpu/targets.py "$work" >"$out/targets.md"  # reads the pytest and diag-* logs' HUNG and FAIL lines
+  part 30 "$work/floor-2.md" hpccomm-run -n 2 python3 benchmarks/cuda_staging_floor.py
+  checkpoint  # targets.md: tests/gpu/targets.py reads the pytest and diag-* logs' HUNG and FAIL lines
   why() {  # a part without results: the error its log names (tests/ended.py), not the launcher's last words
     [ -f "$1" ] || { echo "no log: it did not run"; return 0; }
     python3 -c 'import sys; sys.path.insert(0, "tests"); from ended import error_that_ended as e

@@ -30,6 +30,17 @@ STACKS_S=$((DUMP_S + GDB_S + 5))
 # No step starts with less of the budget left: loading torch alone could outlast it, and a step ended that early
 # would read as a hang.
 MIN_STEP_S=15
+# Nor does a part (`within`) start with less than this, or its own limit where that is less: a rank job's start
+# (MPI, torch, CUDA, UCC) takes seconds, a test pass's first check more, and a pass given 20 s would be ended in
+# its first checks, its results read as hung. The parts' own limits are 25-200 s.
+PART_MIN_S=40
+# Where set, each step's session is noted in this file as it starts, so that a later run on the same machine can
+# end what a run ended from outside left behind (acceptance.sh: end_sessions).
+STEP_SESSIONS=${STEP_SESSIONS:-}
+# The session of the step under way (`bounded`), empty between steps: end_step ends it. And the log of the part
+# under way (`within`), for a note of how it ended where the run is ended from outside.
+STEP=
+PART_LOG=
 
 process_table() {  # "pid ppid session" of every process, read from /proc: the GPU machine's image may have no
   # procps (no ps, no pkill; not checked there), and a limit that waited on `ps` for a step's session would never
@@ -48,6 +59,10 @@ session_of() {  # pid: its session's id; nothing where it has ended
   { read -r fields <"/proc/$1/stat"; } 2>/dev/null || return 0
   read -r state ppid pgrp sid _ <<<"${fields##*") "}"
   echo "$sid"
+}
+
+session_members() {  # sid: the processes of that session (Linux gives no new process that id while one is left)
+  process_table | awk -v sid="$1" '$3 == sid { print $1 }'
 }
 
 step_processes() {  # pid: the step's processes, in pid order: it, every process it started, whatever their session
@@ -116,6 +131,8 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
   pid=$!
   # Its session is the one it leads once setsid has run in it (its id is its pid): until then, no clock.
   until [ "$(session_of "$pid")" = "$pid" ] || ! kill -0 "$pid" 2>/dev/null; do sleep 0.01; done
+  STEP=$pid
+  [ -z "$STEP_SESSIONS" ] || echo "$pid" >>"$STEP_SESSIONS"
   local deadline=$((SECONDS + limit))
   while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
   if kill -0 "$pid" 2>/dev/null; then
@@ -131,15 +148,43 @@ bounded() {  # seconds command...: run it, its output where the caller's goes, a
     # shellcheck disable=SC2086
     # Then any process of its session started since they were taken.
     # shellcheck disable=SC2046
-    { kill -KILL $procs; kill -KILL $(process_table | awk -v sid="$pid" '$3 == sid { print $1 }'); wait "$pid"
-    } 2>/dev/null
+    { kill -KILL $procs; kill -KILL $(session_members "$pid"); wait "$pid"; } 2>/dev/null
     rc=124
     [ -z "$native" ] || echo "$native" >&2
     echo "acceptance: HUNG: still running at its ${limit} s limit (stacks above, where the program prints them)" >&2
   else
     wait "$pid"; rc=$?
   fi
+  STEP=
   return $rc
+}
+
+end_session() {  # sid: every process of that session and every process they started
+  local procs
+  procs=$(step_processes "$1")
+  # shellcheck disable=SC2086
+  [ -z "$procs" ] || kill -KILL $procs 2>/dev/null
+}
+
+end_step() {  # why: the step under way, with all it started (a run ended from outside: acceptance.sh's trap), and
+  # a line in the log of the part under way saying why (targets.py reads it)
+  [ -z "$STEP" ] || end_session "$STEP"
+  [ -z "$PART_LOG" ] || echo "acceptance: ended by $1, the run with it, after $((SECONDS - started)) s" >>"$PART_LOG"
+}
+
+end_sessions() {  # file: end every session noted in it (STEP_SESSIONS: steps of an earlier run), then empty it
+  local sid
+  [ -f "$1" ] || return 0
+  while read -r sid; do
+    [ -n "$sid" ] || continue
+    if [ "$(session_of "$sid")" = "$sid" ]; then  # its leader still runs: it and all it started
+      end_session "$sid"
+    else  # what is left of its session (its id, once its leader ended, may be another process's)
+      # shellcheck disable=SC2046
+      kill -KILL $(session_members "$sid") 2>/dev/null
+    fi
+  done <"$1"
+  : >"$1"
 }
 
 budget_cut() {  # seconds: the smaller of them and what is left of the run's budget less STACKS_S; 0 where that
@@ -149,10 +194,16 @@ budget_cut() {  # seconds: the smaller of them and what is left of the run's bud
   echo $((left < $1 ? left : $1))
 }
 
-within() {  # seconds file command...: a part of the run, into file, at most `seconds` and what is left of the budget
-  local limit file=$2 rc; limit=$(budget_cut "$1"); shift 2
+within() {  # seconds file command...: a part of the run, into file, at most `seconds` and what is left of the budget;
+  # not started with less left than PART_MIN_S or `seconds`, whichever is less
+  local own=$1 limit file=$2 rc; limit=$(budget_cut "$1"); shift 2
+  [ "$limit" -ge $((own < PART_MIN_S ? own : PART_MIN_S)) ] || limit=0
+  PART_LOG=$file
   bounded "$limit" "$@" >"$file" 2>&1  # with no time left, its refusal is the log
   rc=$?
+  PART_LOG=
+  # A part ended at a limit the budget cut is not known to hang (targets.py reads this line).
+  [ "$limit" = 0 ] || [ "$limit" -ge "$own" ] || echo "acceptance: its limit cut by the budget from $own s" >>"$file"
   echo "acceptance: exit status $rc after $((SECONDS - started)) s" >>"$file"
   return $rc
 }

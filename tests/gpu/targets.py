@@ -66,6 +66,10 @@ LIMIT_NOTE = re.compile(r"still running at the (\d+) s limit")
 PART_LIMIT_NOTE = re.compile(r"acceptance: HUNG: still running at its (\d+) s limit")
 #: limits.sh's bounded, refusing a step (a part, a set-up step) that the budget left no time for.
 PART_SKIPPED = re.compile(r"^acceptance: out of time \(budget \S+ s\), not started: ", re.MULTILINE)
+#: limits.sh's within, in the log of a part whose limit the budget cut: ended at that limit, it is not known to hang.
+PART_CUT = re.compile(r"^acceptance: its limit cut by the budget from (\d+) s$", re.MULTILINE)
+#: acceptance.sh's trap, in the log of the part under way when the run got SIGTERM (the device tool's limit).
+RUN_ENDED = re.compile(r"^acceptance: ended by SIGTERM, the run with it", re.MULTILINE)
 #: acceptance.sh's last line in every part's log (in set-up.txt, in a step's that did not exit 0).
 EXIT_NOTE = re.compile(r"acceptance: exit status (\d+) after")
 #: The set-up's Python steps' log, and the line that starts each step's part of it (limits.sh's setup_step).
@@ -161,6 +165,8 @@ class Log:
         self.sections: dict[str, list[str]] = {}  # item id (or header) -> its failure text
         self.loose: list[str] = []  # lines outside any failure text (a diag log: all of it)
         self.part_limit: str | None = None  # the acceptance run ended the part at this many seconds
+        self.cut_from: str | None = None  # the part's own limit, where the budget cut it (to part_limit, if ended)
+        self.ended_early: str | None = None  # how it was ended before its own limit, where it was: no hang
         self.exit_status: int | None = None  # the part's, as the acceptance run noted it
         self.text = ""
 
@@ -184,6 +190,8 @@ def parse_log(name: str, text: str) -> Log:
     """Parse one log's text (pytest -v or a rank program's, or a set-up step's), ``name`` naming it."""
     log = Log(name, bool(PART_SKIPPED.search(text)))
     log.text = text
+    if cut := PART_CUT.search(text):
+        log.cut_from = cut[1]
     started: list[str] = []
     section: list[str] | None = None
     for line in text.splitlines():
@@ -209,6 +217,10 @@ def parse_log(name: str, text: str) -> Log:
                 started.append(item[1])
         else:
             log.loose.append(line)
+    if RUN_ENDED.search(text):
+        log.ended_early = "ended with the run (SIGTERM: the device tool's limit)"
+    elif log.part_limit and log.cut_from:
+        log.ended_early = f"ended at the {log.part_limit} s the budget left it, its own limit {log.cut_from} s"
     for item in started:  # pytest -v names an item as it starts: one never given an outcome did not end
         log.outcomes.setdefault(item, "unfinished")
     # Failure headers name the test without its file: give each section its item's full id.
@@ -267,11 +279,14 @@ def pass_on_path(log: Log | None, path: str) -> tuple[str, str]:
         return "not run", "no log (did not run)"
     outcomes = [outcome for item, outcome in log.outcomes.items() if param(item) == path]
     if not outcomes:
-        return "not run", ("ended before it ran" if log.part_limit else "no test ran")
+        return "not run", ("ended before it ran" if log.part_limit or log.ended_early else "no test ran")
     counts = {word: outcomes.count(word) for word in ("PASSED", "XFAIL", "FAILED", "ERROR", "unfinished", "SKIPPED")}
     said = ", ".join(f"{n} {word.lower()}" for word, n in counts.items() if n)
-    if counts["FAILED"] or counts["ERROR"] or counts["unfinished"]:
+    if counts["FAILED"] or counts["ERROR"]:
         return "failed", said
+    if counts["unfinished"]:
+        # Ended where the budget ran out or with the run, not at its own limit: not a hang.
+        return ("not run", f"{said} ({log.ended_early})") if log.ended_early else ("failed", said)
     if counts["SKIPPED"]:
         return "not run", said
     return "passed", said
@@ -416,8 +431,8 @@ def log_failures(log: Log, jobs: dict[str, list[str]] | None = None) -> list[str
         if outcome not in ("FAILED", "ERROR", "unfinished"):
             continue
         if outcome == "unfinished":
-            limit = f" at its {log.part_limit} s limit" if log.part_limit else ""
-            lines.append(f"  - {item}: never finished (the pass was ended{limit} while it ran)")
+            ended = log.ended_early or "ended" + (f" at its {log.part_limit} s limit" if log.part_limit else "")
+            lines.append(f"  - {item}: never finished (the pass was {ended} while it ran)")
             lines += [f"    - {finding}" for finding in job_findings(jobs.get(item, []))]
             continue
         text = log.sections.get(item, [])
@@ -435,16 +450,19 @@ def log_failures(log: Log, jobs: dict[str, list[str]] | None = None) -> list[str
     if loose:
         lines.append("  - outside any test's failure text:" if log.outcomes else "  - the rank program:")
         lines += [f"    - {marker}" for marker in loose]
-    ended = log.part_limit and not any("never finished" in line for line in lines)
+    ended = (log.part_limit or log.ended_early) and not any("never finished" in line for line in lines)
     if (ended or not lines) and (fate := ended_badly(log)):
         lines.append(f"  - {fate}")
     return lines
 
 
 def ended_badly(log: Log, what: str = "the part") -> str | None:
-    """How a part (or ``what``) ended, where it ended badly: past its limit (with the top frame of its main
+    """How a part (or ``what``) ended, where it ended badly: before its limit (where the budget ran out, or with the
+    run), past its limit (with the top frame of its main
     thread's Python stack; where no Python stack was printed, the top C frames of a process's main thread), or
     with a non-zero exit status (with the error its output names); None where it exited 0."""
+    if log.ended_early:
+        return f"{what} was {log.ended_early}"
     if log.part_limit:
         fate = f"{what} was ended at its {log.part_limit} s limit"
         if top := stack_top(log.text):

@@ -505,6 +505,17 @@ def rehearse(tmp_path: Path, budget_s: int, **settings: str) -> tuple[subprocess
     return proc, report, failed
 
 
+def parts_ended(raw: Path) -> dict[str, int]:
+    """{log: the second of the run at which its part ended}, from each part's last line in raw.tar.gz."""
+    ended = {}
+    with tarfile.open(raw) as logs:
+        for member in logs.getmembers():
+            text = logs.extractfile(member).read().decode(errors="replace") if member.isfile() else ""
+            if found := re.findall(r"acceptance: exit status \d+ after (\d+) s", text):
+                ended[Path(member.name).name] = int(found[-1])
+    return ended
+
+
 def assert_named_by_cause(failed: str, paths: tuple[str, ...], logs: tuple[str, ...] = ()) -> None:
     """Each staging floor, the benchmark on each of ``paths`` and each of ``logs`` (parts' logs) ended on torch's
     error, named with its rank."""
@@ -545,6 +556,9 @@ def test_run_ends_where_no_gpu_is_with_each_part_named_by_its_cause(tmp_path):
         assert cause.startswith("  - exit status 1: rank ") and "Error: " in cause, failed
     assert_named_by_cause(failed, ("staged", "ucc", "auto", "ucc-triggered"),
                           logs=("stages.txt", "ucc-trace.txt", "ucc-trace-nccl.txt"))
+    # The first pass passed (its GPU tests skipped): the second came right after it, before the diagnoses.
+    ended = parts_ended(tmp_path / "out" / "raw.tar.gz")
+    assert ended["pytest-1.txt"] <= ended["pytest-2.txt"] <= ended["diag-stream.txt"], ended
 
 
 def test_run_without_ucc_ends_with_each_part_named_or_skipped(tmp_path):

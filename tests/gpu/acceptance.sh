@@ -55,8 +55,9 @@
 #      tl/nccl let into the team, the triggered path's first all-reduces (as hpccomm runs them; with UCC's
 #      default executor launch; that with every kernel loaded at start; under MPS);
 #   5. with MPS on, where the machine has nvidia-cuda-mps-control: ucc_perftest and the paths again;
-#   6. tests/gpu, second pass; 7. the staging floor at one rank (with a cProfile), the team layer of each
-#      collective (UCC_COLL_TRACE, without and with tl/nccl), the staging floor at two ranks.
+#   6. tests/gpu, second pass (where the first passed, right after it, before 4 and 5: the target needs both);
+#   7. the staging floor at one rank (with a cProfile), the team layer of each collective (UCC_COLL_TRACE, without
+#      and with tl/nccl), the staging floor at two ranks.
 # ACCEPTANCE_PATHS (e.g. "staged ucc") limits the hpccomm paths of 2, 3 and 6; ACCEPTANCE_MPS=0 skips 5;
 # ACCEPTANCE_INSTALL=0 installs nothing (hpccomm and the bundle's wheels as they are: CI's rehearsal, without a
 # GPU); ACCEPTANCE_UCC=installed, where the bundle has no UCC or its UCC neither unpacks nor builds, runs the UCC
@@ -261,7 +262,8 @@ run)
   status=0
   # In order of worth, each bounded by what is left of the budget: UCC's own numbers and the paths against each
   # other and Gloo (neither can hang for long: each job has its limit), the first test pass, the H100's failures
-  # diagnosed alone and MPS (short), the second test pass, then the staging floor and the team-layer traces.
+  # diagnosed alone and MPS (short), the second test pass (before them where the first passed: the target is two
+  # passes, and the diagnoses matter most where a pass failed), then the staging floor and the team-layer traces.
   if [ -x "${UCC_HOME:-/none}/bin/ucc_perftest" ]; then
     # Out of place also with UCX's memory-type cache off, as hpccomm runs UCC on CUDA memory (binding.py's
     # turn_off_memtype_cache): the anchor with UCX set as hpccomm's is.
@@ -284,7 +286,15 @@ run)
               benchmarks/cuda_call_stages.py)
   [[ " $paths " == *" ucc "* ]] && part 45 "$work/stages.txt" "${ucc_stages[@]}" --json "$work/stages.json"
   part 200 "$work/pytest-1.txt" env RANK_JOB_LOGS="$work/ranks-1" python3 -m pytest -v -p no:cacheprovider \
-    tests/gpu || status=1
+    tests/gpu
+  first_pass=$?
+  [ "$first_pass" = 0 ] || status=1
+  second_pass() {
+    part 200 "$work/pytest-2.txt" env RANK_JOB_LOGS="$work/ranks-2" python3 -m pytest -v -p no:cacheprovider \
+      tests/gpu || status=1
+  }
+  # Where the first pass passed, the second (the target's) comes next; where it did not, the diagnoses first.
+  [ "$first_pass" != 0 ] || second_pass
   if [[ " $paths " == *" ucc "* ]]; then
     # The H100's three UCC failures, each alone with its stages timed: the compute stream (default stream and
     # a stream of the caller's), and a rank alone in a collective with tl/nccl let into the team.
@@ -330,8 +340,7 @@ run)
     fi
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
   fi
-  part 200 "$work/pytest-2.txt" env RANK_JOB_LOGS="$work/ranks-2" python3 -m pytest -v -p no:cacheprovider \
-    tests/gpu || status=1
+  [ "$first_pass" = 0 ] || second_pass
   part 30 "$work/floor-1.md" hpccomm-run -n 1 python3 benchmarks/cuda_staging_floor.py --json "$work/floor-1.json" \
     --profile 2000
   # Which UCC team layer serves each collective on CUDA memory.

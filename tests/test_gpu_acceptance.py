@@ -138,18 +138,26 @@ def test_a_ucc_build_lands_in_a_prefix_with_nothing_of_an_earlier_build_left(tmp
     assert (other / "lib" / "keep.so").read_text() == "not UCC's\n"
 
 
-def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
-    # limits.sh's `within`: the H100's first run hung in one part and lost every later one. The child starts a
-    # session of its own, as tests/launch.py starts a rank job.
+def hanging_program(tmp_path: Path, prints_stacks: bool = True) -> Path:
+    """A program that starts a child in a session of its own (as tests/launch.py starts a rank job), prints
+    ``child PID`` and sleeps, as the child does; both print their stacks on SIGUSR1 where ``prints_stacks``."""
     program = tmp_path / "hangs.py"
+    stacks = "faulthandler.register(signal.SIGUSR1, all_threads=True)\n" if prints_stacks else ""
     program.write_text(
         "import faulthandler, signal, subprocess, sys, time\n"
-        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        f"{stacks}"
         "if len(sys.argv) == 1:\n"
         "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
         "    print('child', child.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
+    return program
+
+
+def test_a_part_past_its_limit_is_ended_with_every_process_it_started_after_printing_its_stacks(tmp_path):
+    # limits.sh's `within`: the H100's first run hung in one part and lost every later one. The child starts a
+    # session of its own, as tests/launch.py starts a rank job.
+    program = hanging_program(tmp_path)
     part = tmp_path / "part.txt"
     script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\n"
               f"within 2 {part} python3 {program}; echo rc=$?\n"
@@ -190,15 +198,7 @@ def machine_without(tmp_path: Path, *missing: str) -> str:
 def test_a_part_past_its_limit_is_ended_on_a_machine_without_procps_or_gdb(tmp_path):
     # Until 2026-12-06 a limit started its clock once `ps` named the step's session, and ended the step's session
     # with `pkill`: without procps it waited for ever, and no part had a limit. The GPU machine has no gdb either.
-    program = tmp_path / "hangs.py"
-    program.write_text(
-        "import faulthandler, signal, subprocess, sys, time\n"
-        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
-        "if len(sys.argv) == 1:\n"
-        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
-        "    print('child', child.pid, flush=True)\n"
-        "time.sleep(600)\n"
-    )
+    program = hanging_program(tmp_path)
     part = tmp_path / "part.txt"
     script = (f"set +e\nstarted=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 60))\necho stacks=$STACKS_S\n"
               f"within 2 {part} python3 {program}; echo rc=$? after=$((SECONDS - started))\n")
@@ -385,14 +385,7 @@ def test_what_a_run_ended_from_outside_left_running_the_next_run_ends(tmp_path):
     # The device tool ends a call at its limit, and a step in a session of its own outlives the run's shell: on a
     # warm machine the next call would share the GPU with it. Each step's session is noted as it starts, and the
     # next run ends them all before it starts anything.
-    program = tmp_path / "hangs.py"
-    program.write_text(
-        "import subprocess, sys, time\n"
-        "if len(sys.argv) == 1:\n"
-        "    child = subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
-        "    print('child', child.pid, flush=True)\n"
-        "time.sleep(600)\n"
-    )
+    program = hanging_program(tmp_path, prints_stacks=False)
     sessions, part = tmp_path / "sessions", tmp_path / "part.txt"
     run = subprocess.Popen(["bash", "-c", f"started=$SECONDS\nsource {LIMITS}\nbudget=$((STACKS_S + 300))\n"
                             f"STEP_SESSIONS={sessions}\nwithin 200 {part} python3 {program}\n"])

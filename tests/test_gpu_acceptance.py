@@ -589,8 +589,9 @@ def test_a_run_ended_by_sigterm_ends_its_step_and_leaves_what_it_has_in_out(tmp_
         "    time.sleep(600)\n"
     )
     out, env = rehearsal(tmp_path, 300)
-    mark = tmp_path / "pytest.pid"
-    env.update(PYTEST_PLUGINS="hang_plugin", PYTHONPATH=str(tmp_path), HANG_MARK=str(mark))
+    mark, scratch = tmp_path / "pytest.pid", tmp_path / "tmp"
+    scratch.mkdir()
+    env.update(PYTEST_PLUGINS="hang_plugin", PYTHONPATH=str(tmp_path), HANG_MARK=str(mark), TMPDIR=str(scratch))
     printed = tmp_path / "printed.txt"
     with printed.open("w") as sink:
         run = subprocess.Popen(["bash", str(SCRIPT), "run", str(tmp_path / "bundle")], stdout=sink,
@@ -621,3 +622,5 @@ def test_a_run_ended_by_sigterm_ends_its_step_and_leaves_what_it_has_in_out(tmp_
         in failed, failed
     with tarfile.open(out / "raw.tar.gz") as raw:
         assert "./pytest-1.txt" in raw.getnames() and "./compare.log" in raw.getnames(), raw.getnames()
+    # Its folder of raw logs went with it, as at a run's end (until 2026-12-06 one was left in /tmp each time).
+    assert not list(scratch.glob("*/compare.log")), list(scratch.iterdir())

@@ -160,9 +160,9 @@ run)
     return $rc
   }
   # Ended from outside (the device tool at its limit): the step under way ended with all it started, then what
-  # the run has so far, and a line saying so in report.md.
+  # the run has so far (raw.tar.gz holds every log), and a line saying so in report.md.
   trap 'end_step SIGTERM; echo "acceptance: ended by SIGTERM after $((SECONDS - started)) s" >>"$out/report.md"
-        checkpoint; exit 143' TERM
+        checkpoint; rm -rf "$work"; exit 143' TERM
   install=${ACCEPTANCE_INSTALL:-1}  # 0: hpccomm and the wheels as installed here (tests/test_gpu_acceptance.py)
   # The set-up has limits too, printing its stacks past them as the parts do: a probe 60 s (torch, MPI or UCC
   # loading), the wheels' install 120 s, the UCX wheel's unzip 60 s, hpccomm's install (its C extensions built)

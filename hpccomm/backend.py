@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch._C._distributed_c10d import Backend
 
-from . import world
+from . import progress, world
 from .fault_tolerance import Recovery
 from .front import BACKEND_NAME, Front
 from .tracing import untraced
@@ -163,6 +163,7 @@ class HpccommBackend(Front, Backend):
         if self._closed is not None:
             raise RuntimeError(f"hpccomm split: {self.describe()} was {self._closed}; create a new group")
         MPI = world.mpi()
+        progress.engine().finish_collectives()  # MPI_Comm_split blocks
         comm = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
         return None if comm == MPI.COMM_NULL else comm
 

@@ -118,7 +118,8 @@ class Config:
             nonblocking all-gathers per collective (about 50-65 us).
         progress_thread: ``HPCCOMM_PROGRESS_THREAD``: ``0`` disables the
             background thread that drives asynchronous operations; they then
-            progress only while some rank thread waits on MPI.
+            progress only while a thread of the rank waits on an operation,
+            theirs or another.
         half_kernels: ``HPCCOMM_HALF_KERNELS``: which code reduces bfloat16
             and float16 inside MPI: ``auto`` (the fastest compiled vector path
             the CPU has, else torch), or at most ``avx512bf16``, ``avx512``,

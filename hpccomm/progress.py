@@ -20,7 +20,10 @@ before mpi4py finalises MPI, work still in flight is driven to completion
 (bounded by :data:`DRAIN_TIMEOUT_S`) and the thread is joined: MPI must not
 write into tensors Python is freeing, and no thread may be inside MPI while
 it shuts down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread
-level it is never started and asynchronous work progresses when waited on.
+level (or ``HPCCOMM_PROGRESS_THREAD=0``) it is never started: asynchronous
+work then progresses when waited on, and whenever a thread waits on other
+work (:meth:`ProgressEngine.move_undriven`), since a peer may wait for it
+before joining the operation this rank blocks in.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import threading
 import time
 
 from . import callbacks, own_threads
-from .work import NAP_S, SPIN_S, HpcWork
+from .work import NAP_S, SPIN_S, HpcWork, finish_all, while_waiting
 
 _JOIN_TIMEOUT_S = 5.0
 #: How often the thread looks again at work that waiters are driving.
@@ -47,12 +50,14 @@ class ProgressEngine:
     """Polls submitted :class:`HpcWork` from one daemon thread.
 
     Args:
-        enabled: when False, :meth:`submit` does nothing and work progresses
-            only in :meth:`HpcWork.wait`.
+        enabled: when False, no thread starts: submitted work progresses in
+            its own :meth:`HpcWork.wait` and, through :meth:`move_undriven`,
+            in any other wait.
     """
 
     def __init__(self, enabled: bool) -> None:
         self._enabled = enabled
+        # Enabled: the works the thread drives. Disabled: those the waits move on, pruned as they end.
         self._works: list[HpcWork] = []
         self._wakeup = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -75,6 +80,10 @@ class ProgressEngine:
                 for work by itself, let it find ``work`` within ``_LOOK_S``.
         """
         if not self._enabled:
+            with self._wakeup:
+                if not self._stopping:
+                    self._works = [held for held in self._works if not held._done]
+                    self._works.append(work)
             return
         with self._wakeup:
             if self._stopping:
@@ -87,10 +96,48 @@ class ProgressEngine:
             elif prompt or not self._looking:
                 self._wakeup.notify()
 
+    def move_undriven(self) -> None:
+        """Poll once each submitted work that no thread is waiting on; without the thread, every long wait does.
+
+        A rank blocked in one operation still moves its earlier asynchronous
+        ones: a peer that waits for one of them before it joins the operation
+        this rank blocks in would otherwise wait for it until the timeout
+        (2 ranks, a 4 MiB async all-reduce on shared memory, then one rank in a
+        blocking all-reduce of another group: both timed out).
+        """
+        # Called on every poll of a wait: no lock to read the list, which is replaced, never shortened, under it.
+        ended = False
+        for work in self._works:
+            if not work.waiters and work.poll(defer_callbacks=True):
+                ended = True
+        if ended:
+            with self._wakeup:
+                self._works = [work for work in self._works if not work._done]
+
+    def finish_collectives(self) -> None:
+        """Without the thread, end every submitted collective (in call order, each within its own timeout) first.
+
+        For a blocking MPI call of hpccomm's own, which polls nothing: a rank
+        that created a group while a peer waited for its async all-reduce on
+        shared memory hung there, and the peer timed out. Every rank calls a
+        job's collectives, a group's creation included, in one order, so its
+        peers end theirs too. A point-to-point operation is left in flight: its
+        peer may post its half only after that call (an ``irecv`` first, the
+        matching send after the group's creation). An error stays with its
+        work, for its own ``wait()``.
+        """
+        if self._enabled or not self._works:
+            return
+        with self._wakeup:
+            works = [work for work in self._works if work.collective]
+        finish_all(works)
+        with self._wakeup:
+            self._works = [work for work in self._works if not work._done]
+
     def pending(self) -> int:
         """How many submitted works have not completed yet."""
         with self._wakeup:
-            return len(self._works)
+            return sum(not work._done for work in self._works)
 
     def _run(self) -> None:
         # Polls back to back while work completes, then, once none has for SPIN_S, naps between polls
@@ -179,6 +226,8 @@ def engine() -> ProgressEngine:
                 from .config import settings
 
                 _engine = ProgressEngine(settings.progress_thread and world.has_thread_multiple())
+                if not _engine.enabled:
+                    while_waiting(_engine.move_undriven)
                 atexit.register(_at_exit, _engine)
     return _engine
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import debug, rendezvous, torch_gaps, world
+from . import debug, progress, rendezvous, torch_gaps, world
 from .config import cuda_staged_limits, settings
 from .front import BACKEND_NAME, Front
 from .monitor import Monitor
@@ -93,6 +93,7 @@ def _dist2_factory(
     if kwargs:
         raise ValueError(f"hpccomm: unexpected options {sorted(kwargs)}")
     rendezvous.check_user_identity(rank, world_size, world.identity())
+    progress.engine().finish_collectives()  # the calls below block in MPI
     return _build(_world_communicator(fresh=False).Dup(), list(range(world_size)), timeout)
 
 
@@ -118,6 +119,7 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
             if settings.ft_spares:
                 return _build_world_checked(opts.timeout)
         return _build_world(world.members().Dup(), opts.timeout)
+    progress.engine().finish_collectives()  # the calls below block in MPI
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
     MPI = world.mpi()

@@ -12,6 +12,8 @@ Pending to completion from whichever thread gets there first:
 * the progress engine (:mod:`hpccomm.progress`, a layer above this one) polls
   asynchronous work that nobody is waiting on yet, so it overlaps with the
   caller's compute; it marks the work it takes on (:attr:`HpcWork.driven`).
+  Without its thread, a thread that waits moves that work on between its own
+  polls (:func:`while_waiting`): a peer may be waiting for it.
 
 A per-work claim lock makes sure only one thread tests a request at a time,
 as MPI requires. Every wait is bounded by the group's timeout.
@@ -102,6 +104,22 @@ class CommTimeoutError(dist.DistBackendError):
 
 Label = tuple  # (op name, group, sequence number, peer group ranks or None for the whole group, ticket)
 
+#: What a long wait also does between its own polls (:func:`while_waiting`); None: nothing.
+_meanwhile: Callable[[], None] | None = None
+
+
+def while_waiting(move: Callable[[], None] | None) -> None:
+    """Have every long wait call ``move`` between its polls.
+
+    The progress engine sets it where it has no thread: an asynchronous
+    operation that only hpccomm moves on (shared memory, a device path's
+    deferred post, UCC) must move while its caller blocks in another one, since
+    a peer may be waiting for it before it joins that one. ``move`` must not
+    block, nor raise.
+    """
+    global _meanwhile
+    _meanwhile = move
+
 
 def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
     """Poll ``test`` (a Pending's) until the communication completes (True) or ``deadline`` passes.
@@ -115,6 +133,8 @@ def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
     napping = False
     while not test():
         polls += 1
+        if _meanwhile is not None:
+            _meanwhile()
         if napping:
             time.sleep(NAP_S)  # a poll per nap, each checking the clock
         elif polls % _POLLS_PER_CLOCK_READ:
@@ -333,6 +353,11 @@ class HpcWork(dist.Work):
         finally:
             self._claim.release()
         return self._done
+
+    @property
+    def collective(self) -> bool:
+        """Whether every rank of its group takes part (not a point-to-point operation)."""
+        return self._label[3] is None
 
     def ended_when_posted(self) -> bool:
         """Test the just-posted work once, completing it if its communication is done.

@@ -383,7 +383,7 @@ def _report_thread_level(ident: Identity) -> None:
     sys.stderr.write(
         f"hpccomm: {hpccomm_run.describe_library(MPI).name} provides MPI_THREAD_{level}, not "
         "MPI_THREAD_MULTIPLE: no progress thread, so asynchronous work (DDP's gradient "
-        "all-reduces) progresses only when waited on, without overlapping compute\n"
+        "all-reduces) progresses only while the rank waits on an operation, without overlapping compute\n"
     )
     sys.stderr.flush()
 

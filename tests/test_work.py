@@ -6,9 +6,13 @@ from datetime import timedelta
 
 import pytest
 from launch import assert_all_ranks_ok, run_ranks, world_sizes
+from test_host_staged import Group
 from test_in_flight import Switch, ended_by_another_thread, work
+from transports import ON_UCC, needs_ucc
 
-from hpccomm.work import CommTimeoutError, finish_all
+from hpccomm import work as work_module
+from hpccomm.progress import ProgressEngine
+from hpccomm.work import CommTimeoutError, HpcWork, complete_inline, finish_all, while_waiting
 
 
 @pytest.mark.parametrize("nprocs", world_sizes(2, 3))
@@ -139,3 +143,106 @@ def test_a_future_asked_for_as_the_work_ends_is_settled_once(failed):
         else:
             assert future.wait() == []
 
+
+
+# -- without the progress thread (MPI below MPI_THREAD_MULTIPLE, or HPCCOMM_PROGRESS_THREAD=0) ----------------
+
+
+@pytest.mark.parametrize("path", ["staged", pytest.param("mpi", marks=pytest.mark.one_environment),
+                                  pytest.param("ucc", marks=needs_ucc)])
+def test_without_the_thread_a_rank_blocked_in_another_call_still_posts_its_deferred_device_op(path):
+    # tests/ranks/device_paths.py: rank 0's async all-reduce waits for its (simulated) stream, and rank 0 then
+    # blocks in a CPU all-reduce while the other rank waits for the async one. Before, both timed out, on each path.
+    env = {"DEVICE_PATH": path, "HPCCOMM_PROGRESS_THREAD": "0", "FAKE_DEVICE_LATE": "1",
+           **(ON_UCC if path == "ucc" else {})}
+    assert_all_ranks_ok(run_ranks(2, "device_paths.py", "blocked_in_another_call", env=env), 2)
+
+
+@pytest.fixture
+def threadless():
+    """A progress engine without its thread, whose works every long wait moves on, as hpccomm.progress sets one up."""
+    engine = ProgressEngine(enabled=False)
+    before = work_module._meanwhile
+    while_waiting(engine.move_undriven)
+    yield engine
+    while_waiting(before)
+
+
+class PostedWhenPolled:
+    """An async operation that goes out only when polled (a deferred device post, shared memory's next step)."""
+
+    def __init__(self, peer: Switch) -> None:
+        self._peer = peer
+
+    def test(self) -> bool:
+        self._peer.end()  # the peer, which waited for this one first, moves on to the blocking call
+        return True
+
+    def finish(self) -> None:
+        pass
+
+
+def test_a_blocking_call_moves_the_async_work_a_peer_waits_for(threadless):
+    peer_in_blocking_call = Switch()
+    earlier = work(PostedWhenPolled(peer_in_blocking_call))
+    threadless.submit(earlier)
+    # Before, nothing polled `earlier` here: the blocking call timed out.
+    complete_inline(peer_in_blocking_call, ("all_reduce", Group(), 2, None, 2), 2.0)
+    assert earlier.is_completed() and threadless.pending() == 0
+
+
+class EndsAtSecondTest:
+    """Ends at its second test; counts its ends and the tests after its end."""
+
+    def __init__(self) -> None:
+        self.tests = self.ends = self.tests_after_end = 0
+
+    def test(self) -> bool:
+        self.tests += 1
+        self.tests_after_end += self.ends
+        return self.tests >= 2
+
+    def finish(self) -> None:
+        self.ends += 1
+
+
+def test_a_wait_never_moves_its_own_work_through_the_engine(threadless):
+    # The waiting thread holds its work's (re-entrant) claim: polled again from inside its own wait, the work
+    # would end there and once more in the wait.
+    pending = EndsAtSecondTest()
+    waited = work(pending)
+    threadless.submit(waited)
+    waited.wait()
+    assert (pending.ends, pending.tests_after_end) == (1, 0)
+
+
+def test_works_that_ended_leave_the_engine_and_what_is_left_is_driven_at_exit(threadless):
+    for _ in range(100):
+        switch = Switch()
+        switch.end()
+        ended = work(switch)
+        threadless.submit(ended)
+        ended.wait()
+    assert threadless.pending() == 0 and len(threadless._works) == 1, "works that ended are kept"
+    switch = Switch()
+    left = work(switch)
+    threadless.submit(left)
+    switch.end()
+    assert threadless.drain(1.0) and left._done, "a work posted and never waited on is left in flight at exit"
+
+
+def test_before_a_blocking_mpi_call_of_its_own_every_async_collective_is_ended(threadless):
+    # Creating a group blocks in MPI, which polls nothing (tests/ranks/work.py: rank 0 hung there). A receive is
+    # left in flight: its sender may send only once it has created the group too.
+    switches = [Switch(), Switch(error=RuntimeError("peer gone"))]
+    works = [work(switch) for switch in switches]
+    receive = HpcWork(Switch(), [], ("recv", Group(), 3, (1,), 3), 5.0)
+    for submitted in [works[0], receive, works[1]]:
+        threadless.submit(submitted)
+    timers = [ended_by_another_thread(switch, 0.1) for switch in switches]
+    threadless.finish_collectives()
+    assert [w._done for w in works] == [True, True] and not receive._done and threadless.pending() == 1
+    with pytest.raises(RuntimeError, match="peer gone"):
+        works[1].wait()
+    for timer in timers:
+        timer.cancel()

@@ -39,7 +39,7 @@ def mpi_section(_ranks: list[dict[str, Any]]) -> list[str]:
     consequence = (
         "async work driven by the progress thread"
         if level == "multiple"
-        else "no progress thread: async work progresses when waited on"
+        else "no progress thread: async work progresses while the rank waits"
     )
     return [
         f"library       {mpi['library']}",

@@ -50,6 +50,7 @@ DEVICE = FakeDevice(late=LATE)
 if LATE:
     DEVICE.start()
 STAGED = HostStagedTransport(MPITransport(world.mpi().COMM_WORLD.Dup()), DEVICE)
+CPU = MPITransport(world.mpi().COMM_WORLD.Dup())  # a CPU collective's own communicator, as another group's
 PATH = os.environ.get("DEVICE_PATH", "staged")
 GATED_PATH = PATH != "staged"  # a host-gated path on device memory: its CallOrder is checked too
 if PATH == "ucc":
@@ -538,6 +539,38 @@ def a_first_large_collective_waits_for_no_kernel_queued_after_it() -> None:
         assert torch.equal(x, torch.full_like(x, ranks_sum(0.0))), x[:3]
     fresh.close()
     dist.barrier()
+
+
+@check
+def a_rank_blocked_in_another_call_still_posts_its_deferred_one() -> None:
+    # Rank 0's inputs are late (its stream is busy) when it calls an async all-reduce, which the path posts only
+    # once they are ready; rank 0 then blocks in a CPU all-reduce on another communicator, while the others wait
+    # for the async one first. Without the progress thread, nothing polled rank 0's deferred one while it
+    # blocked: every rank timed out. (With the thread, the front submits each async work to the engine too.)
+    x = torch.zeros(4)
+    finish_kernel = DEVICE.stall(DEVICE.user) if RANK == 0 else None
+    DEVICE.launch(DEVICE.user, lambda: x.fill_(RANK + 1.0))
+    work = HpcWork(TRANSPORT.allreduce([x], red(dist.ReduceOp.SUM, x.dtype)), [x], label(), 20.0)
+    engine().submit(work)
+    b = torch.full((2,), float(RANK))
+
+    def cpu_all_reduce() -> None:
+        complete_inline(CPU.allreduce([b], red(dist.ReduceOp.SUM, b.dtype)), label(), 20.0)
+
+    if finish_kernel is not None:
+        timer = threading.Timer(0.2, finish_kernel)  # the kernel ends while rank 0 blocks
+        timer.start()
+        try:
+            cpu_all_reduce()
+        finally:
+            timer.cancel()
+            finish_kernel()
+        work.wait()
+    else:
+        work.wait()
+        cpu_all_reduce()
+    DEVICE.synchronize()
+    assert x.tolist() == [ranks_sum(1.0)] * 4 and b.tolist() == [ranks_sum(0.0)] * 2, (x, b)
 
 
 # A check that hangs (issue 39's lone rank in a UCC team layer that sets up lazily did) is named with its stack

@@ -9,6 +9,7 @@ import fast_exit  # noqa: F401  (first: its gc.freeze is the last exit handler; 
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import hpccomm  # noqa: F401
@@ -211,6 +212,62 @@ def blocking_call_after_async_ones() -> None:
     dist.all_reduce(b)
     work.wait()
     assert torch.equal(a, torch.full((10,), float(SIZE))) and torch.equal(b, torch.full((10,), 2.0 * SIZE))
+
+
+def rank_0_blocks_first(block: Callable[[], None]) -> None:
+    """An async all-reduce that only hpccomm moves (shared memory); rank 0 calls ``block`` first, the others after it.
+
+    The others wait for the all-reduce before they call ``block``: rank 0 must move it while it blocks.
+    """
+    from hpccomm.config import settings
+
+    group = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=10))
+    t = torch.full((max(settings.shm_slot_bytes // 2, 1 << 20),), float(RANK))  # two rounds of shared memory's slots
+    work = dist.all_reduce(t, group=group, async_op=True)
+    if RANK == 0:
+        block()
+        work.wait()
+    else:
+        work.wait()
+        block()
+    assert torch.equal(t, torch.full_like(t, float(sum(range(SIZE))))), t[0]
+
+
+@check
+def a_rank_blocked_in_another_groups_call_still_moves_its_async_one() -> None:
+    # Without the progress thread, nothing polled rank 0's async all-reduce while it blocked: every rank timed out.
+    other = dist.new_group(list(range(SIZE)), timeout=timedelta(seconds=10))
+    b = torch.full((4,), float(RANK))
+    rank_0_blocks_first(lambda: dist.all_reduce(b, group=other))
+    assert torch.equal(b, torch.full_like(b, float(sum(range(SIZE))))), b
+
+
+@check
+def a_rank_that_creates_a_group_still_ends_its_async_one() -> None:
+    # Without the progress thread, rank 0 hung in MPI creating the group and the others timed out.
+    made = []
+    rank_0_blocks_first(lambda: made.append(dist.new_group(list(range(SIZE)))))
+    b = torch.ones(2)
+    dist.all_reduce(b, group=made[0])
+    assert torch.equal(b, torch.full_like(b, float(SIZE))), b
+
+
+@check
+def a_receive_posted_before_a_groups_creation_is_sent_to_after_it() -> None:
+    # Before a group's creation a rank without the progress thread ends its collectives, not its point-to-point
+    # operations: this sender sends only once the group exists.
+    if SIZE < 2 or RANK > 1:
+        dist.new_group(list(range(SIZE)))
+        return
+    t = torch.full((4,), float(RANK))
+    if RANK == 0:
+        work = dist.irecv(t, src=1)
+        dist.new_group(list(range(SIZE)))
+        work.wait()
+        assert torch.equal(t, torch.ones(4)), t
+    else:
+        dist.new_group(list(range(SIZE)))
+        dist.send(t, dst=0)
 
 
 run_all(RANK, sys.argv[1] if len(sys.argv) > 1 else None)

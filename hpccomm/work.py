@@ -108,8 +108,8 @@ Label = tuple  # (op name, group, sequence number, peer group ranks or None for 
 _meanwhile: Callable[[], None] | None = None
 
 
-def while_waiting(move: Callable[[], None] | None) -> None:
-    """Have every long wait call ``move`` between its polls.
+def while_waiting(move: Callable[[], None] | None) -> Callable[[], None] | None:
+    """Have every long wait call ``move`` between its polls; returns what they called before.
 
     The progress engine sets it where it has no thread: an asynchronous
     operation that only hpccomm moves on (shared memory, a device path's
@@ -118,7 +118,8 @@ def while_waiting(move: Callable[[], None] | None) -> None:
     block, nor raise.
     """
     global _meanwhile
-    _meanwhile = move
+    before, _meanwhile = _meanwhile, move
+    return before
 
 
 def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:

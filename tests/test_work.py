@@ -10,7 +10,6 @@ from test_host_staged import Group
 from test_in_flight import Switch, ended_by_another_thread, work
 from transports import ON_UCC, needs_ucc
 
-from hpccomm import work as work_module
 from hpccomm.progress import ProgressEngine
 from hpccomm.work import CommTimeoutError, HpcWork, complete_inline, finish_all, while_waiting
 
@@ -162,8 +161,7 @@ def test_without_the_thread_a_rank_blocked_in_another_call_still_posts_its_defer
 def threadless():
     """A progress engine without its thread, whose works every long wait moves on, as hpccomm.progress sets one up."""
     engine = ProgressEngine(enabled=False)
-    before = work_module._meanwhile
-    while_waiting(engine.move_undriven)
+    before = while_waiting(engine.move_undriven)
     yield engine
     while_waiting(before)
 

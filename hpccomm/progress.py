@@ -106,13 +106,7 @@ class ProgressEngine:
         blocking all-reduce of another group: both timed out).
         """
         # Called on every poll of a wait: no lock to read the list, which is replaced, never shortened, under it.
-        ended = False
-        for work in self._works:
-            if not work.waiters and work.poll(defer_callbacks=True):
-                ended = True
-        if ended:
-            with self._wakeup:
-                self._works = [work for work in self._works if not work._done]
+        self._poll([work for work in self._works if not work.waiters])
 
     def finish_collectives(self) -> None:
         """Without the thread, end every submitted collective (in call order, each within its own timeout) first.
@@ -133,6 +127,17 @@ class ProgressEngine:
         finish_all(works)
         with self._wakeup:
             self._works = [work for work in self._works if not work._done]
+
+    def _poll(self, works: list[HpcWork]) -> bool:
+        """Poll each of ``works`` once, its callbacks left to :mod:`hpccomm.callbacks`; drop the ended from the list.
+
+        Returns whether any of them ended.
+        """
+        ended = [work for work in works if work.poll(defer_callbacks=True)]
+        if ended:
+            with self._wakeup:
+                self._works = [work for work in self._works if not work._done]
+        return bool(ended)
 
     def pending(self) -> int:
         """How many submitted works have not completed yet."""
@@ -162,10 +167,7 @@ class ProgressEngine:
                     self._wakeup.wait(_IDLE_RECHECK_S)
                     continue
             own_threads.ready()  # what the transports need of this thread (hpccomm.own_threads)
-            finished = [work for work in works if work.poll(defer_callbacks=True)]
-            if finished:
-                with self._wakeup:
-                    self._works = [work for work in self._works if work not in finished]
+            if self._poll(works):
                 spin_until = time.monotonic() + SPIN_S
             elif time.monotonic() > spin_until:
                 time.sleep(NAP_S)

@@ -1,6 +1,6 @@
 """Per-call cost at 2 ranks: hpccomm against raw mpi4py and torch's own floor, in one job.
 
-Usage: ``hpccomm-run -n 2 python benchmarks/per_call.py [--iters N] [--rounds R] [--profiler]``
+Usage: ``hpccomm-run -n 2 python benchmarks/per_call.py [--iters N] [--rounds R] [--profiler] [--pending K,...]``
 
 Back to back, 4-byte float32 messages: the all_reduce time, and send/recv's
 one-way time (half a ping-pong), each the median of rounds of N calls; for
@@ -17,6 +17,12 @@ trip is torch's own, in floors.
 ``torch.profiler`` session on the CPU, without and with ``record_shapes``:
 what recording a trace costs per call, hpccomm's spans (hpccomm/profiling.py)
 beside torch's own events.
+
+``--pending K,...`` adds hpccomm's send/recv one-way time again with K
+receives posted beforehand that nobody waits on (their sends come after the
+round): what asynchronous work left in flight costs a rank's blocking calls,
+with the progress thread polling it or, without the thread, every wait
+(``HPCCOMM_PROGRESS_THREAD=0``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from torch.profiler import ProfilerActivity, profile
 from hpccomm import world
 from hpccomm.registration import BACKEND_SHAPE
 from hpccomm.work import COMPLETED
+
+#: The tags of ``--pending``'s receives, clear of the ping-pong's (tag 0).
+PENDING_TAG = 1000
 
 
 def nothing_group(rank: int, size: int) -> Any:
@@ -84,7 +93,12 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--profiler", action="store_true", help="also time all_reduce under torch.profiler")
+    parser.add_argument("--pending", default="", metavar="K,...",
+                        help="also time hpccomm's send/recv with K receives in flight that nobody waits on")
     args = parser.parse_args()
+    pending = [int(count) for count in args.pending.split(",") if count]
+    if any(count < 1 for count in pending):
+        parser.error(f"--pending: counts of receives must be positive, got {args.pending!r}")
     dist.init_process_group("hpccomm")
     rank, size = dist.get_rank(), dist.get_world_size()
     assert size == 2, "run on 2 ranks"
@@ -111,6 +125,21 @@ def main() -> None:
         "hpccomm send/recv one-way": (hpc_ping, 2),
         "floor send/recv one-way": (floor_ping, 2),
     }
+
+    @contextlib.contextmanager
+    def in_flight(count: int) -> Any:
+        """``count`` receives posted for the block and left to hpccomm; matched after it, then waited on."""
+        works = [dist.irecv(torch.zeros(1), src=peer, tag=PENDING_TAG + i) for i in range(count)]
+        yield
+        works += [dist.isend(torch.ones(1), dst=peer, tag=PENDING_TAG + i) for i in range(count)]
+        for work in works:
+            work.wait()
+
+    around: dict[str, Any] = {}
+    for count in pending:
+        name = f"hpccomm send/recv, {count} pending"
+        cases[name] = cases["hpccomm send/recv one-way"]
+        around[name] = lambda count=count: in_flight(count)
     recording: dict[str, bool | None] = {}
     if args.profiler:
         for who in ("hpccomm", "floor"):
@@ -122,8 +151,13 @@ def main() -> None:
     for name, (fn, divisor) in cases.items():
         comm.Barrier()
         shapes = recording.get(name)
-        with contextlib.nullcontext() if shapes is None else profile(activities=[ProfilerActivity.CPU],
-                                                                      record_shapes=shapes):
+        if name in around:
+            context = around[name]()
+        elif shapes is None:
+            context = contextlib.nullcontext()
+        else:
+            context = profile(activities=[ProfilerActivity.CPU], record_shapes=shapes)
+        with context:
             results[name] = timed(fn, args.iters, args.rounds, divisor)
     if rank == 0:
         floor = results["floor all_reduce"]
@@ -136,6 +170,9 @@ def main() -> None:
             print(f"{op:28s} (hpccomm - raw) / floor = {above / floor:.2f}")
         # torch's own share of a one-way trip (a send and a receive call), in floors.
         print(f"{'send/recv one-way':28s} floor send/recv / floor = {results['floor send/recv one-way'] / floor:.2f}")
+        for count in pending:
+            ratio = results[f"hpccomm send/recv, {count} pending"] / results["hpccomm send/recv one-way"]
+            print(f"{'send/recv one-way':28s} with {count} pending: {ratio:.2f}x the time without")
         for shapes in ("", " +shapes") if args.profiler else ():
             added = results[f"hpccomm all_reduce, profiler{shapes}"] - results["hpccomm all_reduce"]
             torchs = results[f"floor all_reduce, profiler{shapes}"] - floor

@@ -135,29 +135,22 @@ def main() -> None:
         for work in works:
             work.wait()
 
+    # What a case runs inside, where not nothing: the receives in flight, the profiler.
     around: dict[str, Any] = {}
     for count in pending:
         name = f"hpccomm send/recv, {count} pending"
         cases[name] = cases["hpccomm send/recv one-way"]
         around[name] = lambda count=count: in_flight(count)
-    recording: dict[str, bool | None] = {}
     if args.profiler:
         for who in ("hpccomm", "floor"):
             for shapes in (False, True):
                 name = f"{who} all_reduce, profiler{' +shapes' if shapes else ''}"
                 cases[name] = cases[f"{who} all_reduce"]
-                recording[name] = shapes
+                around[name] = lambda shapes=shapes: profile(activities=[ProfilerActivity.CPU], record_shapes=shapes)
     results = {}
     for name, (fn, divisor) in cases.items():
         comm.Barrier()
-        shapes = recording.get(name)
-        if name in around:
-            context = around[name]()
-        elif shapes is None:
-            context = contextlib.nullcontext()
-        else:
-            context = profile(activities=[ProfilerActivity.CPU], record_shapes=shapes)
-        with context:
+        with around.get(name, contextlib.nullcontext)():
             results[name] = timed(fn, args.iters, args.rounds, divisor)
     if rank == 0:
         floor = results["floor all_reduce"]

@@ -206,7 +206,8 @@ class Front:
             finally:
                 if end is not None:
                     end()
-        work = HpcWork(post, outputs, label, timeout_s, end)
+        # Host memory's work any waiting thread may move; a device's, only hpccomm's own threads (hpccomm.progress).
+        work = HpcWork(post, outputs, label, timeout_s, end, all(t.is_cpu for t in (*outputs, *(inputs or ()))))
         if self._coalesced is not None:
             self._coalesced.append(work)
         collective = peer == -1

@@ -9,21 +9,28 @@ callbacks: it hands the settling to :mod:`hpccomm.callbacks`, so a callback
 that waits on other work cannot stall the thread that would complete it.
 
 The thread starts on the first asynchronous operation and sleeps on a
-condition variable while there is nothing to drive. Waking it costs the
-caller a thread switch and a turn of the GIL (on two busy cores, over half of
-a 4-byte send/recv round trip), so it is woken at once only for collectives,
+condition variable while there is nothing to drive. Waking it costs the caller
+a thread switch and a turn of the GIL (on two busy cores, over half of a
+4-byte send/recv round trip), so it is woken at once only for collectives,
 which their callers overlap with compute. Point-to-point work is usually
 waited on right away, by its own caller: for a while after its last work the
 thread keeps looking for new work every :data:`_LOOK_S` by itself, and such
-work is left for it to find then. At interpreter exit,
-before mpi4py finalises MPI, work still in flight is driven to completion
-(bounded by :data:`DRAIN_TIMEOUT_S`) and the thread is joined: MPI must not
-write into tensors Python is freeing, and no thread may be inside MPI while
-it shuts down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread
-level (or ``HPCCOMM_PROGRESS_THREAD=0``) it is never started: asynchronous
-work then progresses when waited on, and whenever a thread waits on other
-work (:meth:`ProgressEngine.move_undriven`), since a peer may wait for it
-before joining the operation this rank blocks in.
+work is left for it to find then. While a thread waits on work itself (a
+blocking call, ``wait()``), that thread moves the asynchronous work on host
+memory between its own polls and the engine's thread stays off the GIL
+(:meth:`ProgressEngine.move_undriven`): polling beside the wait, the thread
+made each leg of a send/recv ping-pong with one receive pending 2.2-3.9x
+slower (docs/measurements.md). A device's work stays with the thread, whose
+event queries keep out of the user's graph captures
+(:mod:`hpccomm.own_threads`). At interpreter exit, before mpi4py finalises
+MPI, work still in flight is driven to completion (bounded by
+:data:`DRAIN_TIMEOUT_S`) and the thread is joined: MPI must not write into
+tensors Python is freeing, and no thread may be inside MPI while it shuts
+down. It needs ``MPI_THREAD_MULTIPLE``; with a lower thread level (or
+``HPCCOMM_PROGRESS_THREAD=0``) it is never started: asynchronous work then
+progresses when waited on, and whenever a thread waits on other work
+(:meth:`ProgressEngine.move_undriven`), since a peer may wait for it before
+joining the operation this rank blocks in.
 """
 
 from __future__ import annotations
@@ -33,10 +40,10 @@ import threading
 import time
 
 from . import callbacks, own_threads
-from .work import NAP_S, SPIN_S, HpcWork, finish_all, while_waiting
+from .work import NAP_S, SPIN_S, HpcWork, driving, finish_all, while_waiting
 
 _JOIN_TIMEOUT_S = 5.0
-#: How often the thread looks again at work that waiters are driving.
+#: How often the thread looks again at work that waiters are driving or moving.
 _IDLE_RECHECK_S = 0.001
 #: How often the thread looks for new work while it lingers, and how long it
 #: lingers after its last work before sleeping until woken.
@@ -52,7 +59,8 @@ class ProgressEngine:
     Args:
         enabled: when False, no thread starts: submitted work progresses in
             its own :meth:`HpcWork.wait` and, through :meth:`move_undriven`,
-            in any other wait.
+            in any other wait (with the thread, only work on host memory
+            does, and only while a thread waits).
     """
 
     def __init__(self, enabled: bool) -> None:
@@ -65,6 +73,10 @@ class ProgressEngine:
         # Whether the thread will look at the work list again soon without a
         # notify (it is running, or lingering after its last work).
         self._looking = True
+        # A collective was posted since the thread last polled: it polls back to back again.
+        self._prompted = False
+        # When a thread (this one, or a waiter through move_undriven) last polled the works.
+        self._moved_at = 0.0
 
     @property
     def enabled(self) -> bool:
@@ -76,8 +88,10 @@ class ProgressEngine:
 
         Args:
             work: the posted work.
-            prompt: wake the thread now; else, where the thread is looking
-                for work by itself, let it find ``work`` within ``_LOOK_S``.
+            prompt: wake the thread now, and have it poll back to back again
+                for ``SPIN_S``; else, where the thread is looking for work by
+                itself, let it find ``work`` within ``_LOOK_S`` and poll it at
+                the pace it polls already.
         """
         if not self._enabled:
             with self._wakeup:
@@ -90,6 +104,7 @@ class ProgressEngine:
                 return
             work.driven = True
             self._works.append(work)
+            self._prompted = self._prompted or prompt
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hpccomm-progress", daemon=True)
                 self._thread.start()
@@ -97,16 +112,21 @@ class ProgressEngine:
                 self._wakeup.notify()
 
     def move_undriven(self) -> None:
-        """Poll once each submitted work that no thread is waiting on; without the thread, every long wait does.
+        """Poll once each submitted work that no thread is waiting on; every long wait does (:func:`while_waiting`).
 
-        A rank blocked in one operation still moves its earlier asynchronous
-        ones: a peer that waits for one of them before it joins the operation
-        this rank blocks in would otherwise wait for it until the timeout
-        (2 ranks, a 4 MiB async all-reduce on shared memory, then one rank in a
-        blocking all-reduce of another group: both timed out).
+        Without the thread, a rank blocked in one operation still moves its
+        earlier asynchronous ones: a peer that waits for one of them before it
+        joins the operation this rank blocks in would otherwise wait for it
+        until the timeout (2 ranks, a 4 MiB async all-reduce on shared memory,
+        then one rank in a blocking all-reduce of another group: both timed
+        out). With the thread, a wait moves them while all are on host memory,
+        and the thread leaves them to it while it does (:meth:`_run`), polling
+        them itself at least every ``_IDLE_RECHECK_S``; else it moves none.
         """
-        # Called on every poll of a wait: no lock to read the list, which is replaced, never shortened, under it.
-        self._poll([work for work in self._works if not work.waiters])
+        # Called by every long wait, often: no lock to read the list, which is replaced, never shortened, under it.
+        works = [work for work in self._works if not work.waiters]
+        if not self._enabled or all(work.on_host for work in works):
+            self._poll(works)
 
     def finish_collectives(self) -> None:
         """Without the thread, end every submitted collective (in call order, each within its own timeout) first.
@@ -128,16 +148,17 @@ class ProgressEngine:
         with self._wakeup:
             self._works = [work for work in self._works if not work._done]
 
-    def _poll(self, works: list[HpcWork]) -> bool:
+    def _poll(self, works: list[HpcWork]) -> list[HpcWork]:
         """Poll each of ``works`` once, its callbacks left to :mod:`hpccomm.callbacks`; drop the ended from the list.
 
-        Returns whether any of them ended.
+        Returns those that have ended (here, or meanwhile in a waiter's thread).
         """
         ended = [work for work in works if work.poll(defer_callbacks=True)]
+        self._moved_at = time.monotonic()
         if ended:
             with self._wakeup:
                 self._works = [work for work in self._works if not work._done]
-        return bool(ended)
+        return ended
 
     def pending(self) -> int:
         """How many submitted works have not completed yet."""
@@ -145,29 +166,36 @@ class ProgressEngine:
             return sum(not work._done for work in self._works)
 
     def _run(self) -> None:
-        # Polls back to back while work completes, then, once none has for SPIN_S, naps between polls
-        # as a long wait does (hpccomm.work.drive): yielding, the threads of oversubscribed ranks starved
-        # the one that could make progress.
-        spin_until, polled = time.monotonic() + SPIN_S, 0
+        # Polls back to back while collectives are posted or complete, then, once none has for SPIN_S, naps
+        # between polls as a long wait does (hpccomm.work.drive): yielding, the threads of oversubscribed ranks
+        # starved the one that could make progress.
+        spin_until = time.monotonic() + SPIN_S
         while True:
             with self._wakeup:
                 if not self._works:
                     self._linger()
-                    spin_until = time.monotonic() + SPIN_S
                 if self._stopping:
                     return
                 works = [work for work in self._works if not work.waiters]
-                if len(works) > polled:
-                    spin_until = time.monotonic() + SPIN_S  # new work: poll it back to back
-                polled = len(works)
-                if not works:
-                    # Every pending work has a thread in wait() driving it: polling
-                    # too would only take the GIL from them (a blocking send/recv
-                    # ping-pong took 10x as long). Look again soon: a wait may time out.
+                if not works or (
+                    driving() and time.monotonic() - self._moved_at < _IDLE_RECHECK_S
+                    and all(work.on_host for work in works)
+                ):
+                    # Every pending work has a thread in wait() driving it, or it was moved lately (by a thread
+                    # waiting on other work, move_undriven, or by this one) while some thread waits: polling now
+                    # would only take the GIL from them (a blocking send/recv ping-pong took 10x as long, and
+                    # 2.2-3.9x with a receive pending). Look again soon: a wait may time out, or end, or be too
+                    # short to move anything.
                     self._wakeup.wait(_IDLE_RECHECK_S)
                     continue
+                if self._prompted:
+                    # A new collective: poll back to back. Not for a point-to-point op, which its caller drives:
+                    # spinning beside that caller's waits, the thread took the GIL from them, and a send/recv
+                    # ping-pong with one receive in flight paid for it every leg (docs/measurements.md).
+                    self._prompted = False
+                    spin_until = time.monotonic() + SPIN_S
             own_threads.ready()  # what the transports need of this thread (hpccomm.own_threads)
-            if self._poll(works):
+            if any(work.collective for work in self._poll(works)):  # as for a new one, only a collective's end
                 spin_until = time.monotonic() + SPIN_S
             elif time.monotonic() > spin_until:
                 time.sleep(NAP_S)
@@ -228,8 +256,7 @@ def engine() -> ProgressEngine:
                 from .config import settings
 
                 _engine = ProgressEngine(settings.progress_thread and world.has_thread_multiple())
-                if not _engine.enabled:
-                    while_waiting(_engine.move_undriven)
+                while_waiting(_engine.move_undriven)
                 atexit.register(_at_exit, _engine)
     return _engine
 

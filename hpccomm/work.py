@@ -12,8 +12,10 @@ Pending to completion from whichever thread gets there first:
 * the progress engine (:mod:`hpccomm.progress`, a layer above this one) polls
   asynchronous work that nobody is waiting on yet, so it overlaps with the
   caller's compute; it marks the work it takes on (:attr:`HpcWork.driven`).
-  Without its thread, a thread that waits moves that work on between its own
-  polls (:func:`while_waiting`): a peer may be waiting for it.
+  A thread that waits moves that work on between its own polls
+  (:func:`while_waiting`): without the engine's thread, all of it, since a
+  peer may be waiting for it; with the thread, work on host memory, while
+  the thread stays off the GIL (:func:`driving`).
 
 A per-work claim lock makes sure only one thread tests a request at a time,
 as MPI requires. Every wait is bounded by the group's timeout.
@@ -106,16 +108,24 @@ Label = tuple  # (op name, group, sequence number, peer group ranks or None for 
 
 #: What a long wait also does between its own polls (:func:`while_waiting`); None: nothing.
 _meanwhile: Callable[[], None] | None = None
+#: One entry per thread polling in :func:`drive` now (appends and pops are atomic: no lock on the wait's path).
+_driving: list[None] = []
+
+
+def driving() -> bool:
+    """Whether some thread is waiting in :func:`drive` now (one that lasts calls what :func:`while_waiting` set)."""
+    return bool(_driving)
 
 
 def while_waiting(move: Callable[[], None] | None) -> Callable[[], None] | None:
-    """Have every long wait call ``move`` between its polls; returns what they called before.
+    """Have every long wait call ``move`` between its polls (each nap, or each clock read); returns the previous one.
 
-    The progress engine sets it where it has no thread: an asynchronous
-    operation that only hpccomm moves on (shared memory, a device path's
-    deferred post, UCC) must move while its caller blocks in another one, since
-    a peer may be waiting for it before it joins that one. ``move`` must not
-    block, nor raise.
+    The progress engine sets it. Without its thread, an asynchronous operation
+    that only hpccomm moves on (shared memory, a device path's deferred post,
+    UCC) must move while its caller blocks in another one, since a peer may be
+    waiting for it before it joins that one; with the thread, a waiting thread
+    moves the work on host memory in the thread's stead, which would otherwise
+    take the GIL from the wait every nap. ``move`` must not block, nor raise.
     """
     global _meanwhile
     before, _meanwhile = _meanwhile, move
@@ -132,20 +142,26 @@ def drive(test: Callable[[], bool], deadline: float, label: Label) -> bool:
     polls = 0
     spin_until = time.monotonic() + SPIN_S
     napping = False
-    while not test():
-        polls += 1
-        if _meanwhile is not None:
-            _meanwhile()
-        if napping:
-            time.sleep(NAP_S)  # a poll per nap, each checking the clock
-        elif polls % _POLLS_PER_CLOCK_READ:
-            continue
-        now = time.monotonic()
-        if now > deadline:
-            return False
-        check_abandoned(label)
-        napping = now > spin_until
-    return True
+    _driving.append(None)
+    try:
+        while not test():
+            polls += 1
+            if napping:
+                time.sleep(NAP_S)  # a poll per nap, each checking the clock
+            elif polls % _POLLS_PER_CLOCK_READ:
+                continue
+            # Other work moves at each clock read: moved every poll, 64 works in flight made each leg of a 4 B
+            # send/recv ping-pong about twice as slow (docs/measurements.md).
+            if _meanwhile is not None:
+                _meanwhile()
+            now = time.monotonic()
+            if now > deadline:
+                return False
+            check_abandoned(label)
+            napping = now > spin_until
+        return True
+    finally:
+        _driving.pop()
 
 
 class GroupClosedError(RuntimeError):
@@ -289,6 +305,9 @@ class HpcWork(dist.Work):
         timeout_s: the group's timeout in seconds; bounds every wait on this work.
         ended: called once when the work ends, however it ends, on the thread
             that ends it (the profiler's span, :mod:`hpccomm.profiling`).
+        on_host: every tensor it reads or writes is in host memory, so any
+            thread may poll it; else (the default) only hpccomm's own threads
+            and its own waiters do (:mod:`hpccomm.own_threads`).
     """
 
     def __init__(
@@ -298,9 +317,11 @@ class HpcWork(dist.Work):
         label: Label,
         timeout_s: float,
         ended: Callable[[], None] | None = None,
+        on_host: bool = False,
     ) -> None:
         super().__init__()
         self._pending = pending
+        self.on_host = on_host
         self._ended = ended
         self._outputs = outputs
         self._label = label

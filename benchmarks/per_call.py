@@ -21,8 +21,8 @@ beside torch's own events.
 ``--pending K,...`` adds hpccomm's send/recv one-way time again with K
 receives posted beforehand that nobody waits on (their sends come after the
 round): what asynchronous work left in flight costs a rank's blocking calls,
-with the progress thread polling it or, without the thread, every wait
-(``HPCCOMM_PROGRESS_THREAD=0``).
+which move it between their own polls while the progress thread stays off
+(``HPCCOMM_PROGRESS_THREAD=0``: no thread at all); docs/measurements.md.
 """
 
 from __future__ import annotations

@@ -43,7 +43,9 @@ from . import callbacks, own_threads
 from .work import NAP_S, SPIN_S, HpcWork, driving, finish_all, while_waiting
 
 _JOIN_TIMEOUT_S = 5.0
-#: How often the thread looks again at work that waiters are driving or moving.
+#: How often the thread looks again at work that waiters are driving or moving: a pace, no verdict on a peer. A
+#: wait moves other work every 256 of its polls (0.05-0.3 ms here) or nap (0.2 ms), so several times a look; a look
+#: that finds no move since the last one polls the work itself, which bounds its stillness to about two looks.
 _IDLE_RECHECK_S = 0.001
 #: How often the thread looks for new work while it lingers, and how long it
 #: lingers after its last work before sleeping until woken.
@@ -75,8 +77,8 @@ class ProgressEngine:
         self._looking = True
         # A collective was posted since the thread last polled: it polls back to back again.
         self._prompted = False
-        # When a thread (this one, or a waiter through move_undriven) last polled the works.
-        self._moved_at = 0.0
+        # A waiting thread moved the works (move_undriven) since this thread last looked.
+        self._moved = False
 
     @property
     def enabled(self) -> bool:
@@ -127,6 +129,7 @@ class ProgressEngine:
         works = [work for work in self._works if not work.waiters]
         if not self._enabled or all(work.on_host for work in works):
             self._poll(works)
+            self._moved = True
 
     def finish_collectives(self) -> None:
         """Without the thread, end every submitted collective (in call order, each within its own timeout) first.
@@ -154,7 +157,6 @@ class ProgressEngine:
         Returns those that have ended (here, or meanwhile in a waiter's thread).
         """
         ended = [work for work in works if work.poll(defer_callbacks=True)]
-        self._moved_at = time.monotonic()
         if ended:
             with self._wakeup:
                 self._works = [work for work in self._works if not work._done]
@@ -177,15 +179,12 @@ class ProgressEngine:
                 if self._stopping:
                     return
                 works = [work for work in self._works if not work.waiters]
-                if not works or (
-                    driving() and time.monotonic() - self._moved_at < _IDLE_RECHECK_S
-                    and all(work.on_host for work in works)
-                ):
-                    # Every pending work has a thread in wait() driving it, or it was moved lately (by a thread
-                    # waiting on other work, move_undriven, or by this one) while some thread waits: polling now
-                    # would only take the GIL from them (a blocking send/recv ping-pong took 10x as long, and
-                    # 2.2-3.9x with a receive pending). Look again soon: a wait may time out, or end, or be too
-                    # short to move anything.
+                moved, self._moved = self._moved, False
+                if not works or (moved and driving() and all(work.on_host for work in works)):
+                    # Every pending work has a thread in wait() driving it, or a thread waiting on other work moved
+                    # it since this one last looked (move_undriven): polling too would only take the GIL from them
+                    # (a blocking send/recv ping-pong took 10x as long, and 2.2-3.9x with a receive pending). Where
+                    # none did (a wait too short to reach its hook), this thread polls, next time round.
                     self._wakeup.wait(_IDLE_RECHECK_S)
                     continue
                 if self._prompted:

@@ -302,8 +302,8 @@ def test_while_a_thread_waits_it_moves_the_host_work_in_flight_and_the_progress_
     finally:
         timer.cancel()
     by_thread, by_waiter = (pending.tests_by(name) - before[name] for name in ("hpccomm-progress", me))
-    # In 0.3 s, either polls it hundreds of times (the thread, before: 742). The thread still polls it where nobody
-    # has for 1 ms (the waiter preempted), so at most 300 times: 0-25 seen beside a CI run.
+    # In 0.3 s, either polls it hundreds of times (the thread, before: 742). The thread still polls it where no wait
+    # moved it between two of its looks, 1 ms apart (the waiter preempted), so at most 300 times: 0-25 seen.
     if on_host:
         assert by_thread < 100 and by_waiter > 100, (by_thread, by_waiter)
     else:

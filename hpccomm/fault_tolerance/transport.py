@@ -25,6 +25,12 @@ from .kept_results import fill, shared_outputs
 from .processes import started_at
 from .stop_points import StopPoints
 
+#: A pending operation looks for a failure it cannot see itself (:meth:`Recovery.watch`, which reads the clock)
+#: at every this many polls that found it not complete: a clock read costs more than a poll of a request about to
+#: complete (``hpccomm.work``'s own pace). Polls that nap (``hpccomm.work.NAP_S``, 0.2 ms) look every 3.2 ms, within
+#: the watch's own 10 ms.
+_POLLS_PER_WATCH = 16
+
 
 def protect(
     comm: Any, own: Sequence[Any], transports: dict[str, Transport], describe: Callable[[], str]
@@ -89,6 +95,8 @@ class FaultTolerantTransport(WrappingTransport):
 class _FailurePending:
     """A Pending whose process-failure error ends it; :meth:`finish` then raises the group's PeerFailure."""
 
+    __slots__ = ("_inner", "_recovery", "_op", "_key", "_outputs", "_number", "_error", "_repair", "_polls")
+
     def __init__(
         self, inner: Any, recovery: Recovery, op: str, key: int, number: int, outputs: list[torch.Tensor] | None
     ) -> None:
@@ -100,6 +108,7 @@ class _FailurePending:
         self._number = number
         self._error: BaseException | None = None
         self._repair: list[bytes] | None = None
+        self._polls = 0
 
     @property
     def path(self) -> str:
@@ -113,7 +122,9 @@ class _FailurePending:
             if self._inner.test():
                 self._end()
                 return True
-            self._recovery.watch()
+            self._polls += 1
+            if not self._polls % _POLLS_PER_WATCH:
+                self._recovery.watch()
             return False
         except Exception as exc:
             try:

@@ -4,7 +4,7 @@
 
 At a job's end a slow rank can still be inside the last collective when every other rank has done its part and
 left; each check it makes while that collective's data is on its way (every few hundred polls, then every nap;
-hpccomm/work.py) asks whether a departed member left without its part. This times
+hpccomm/work/waiting.py) asks whether a departed member left without its part. This times
 :func:`hpccomm.failure.abandoned` for a group of N ranks (this one, and one late rank still at work) after N-2
 departures that each did their part: the
 median over 7 rounds of ``--checks`` checks, in CPU microseconds, with MPI replaced by a control communicator

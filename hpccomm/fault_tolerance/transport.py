@@ -27,8 +27,8 @@ from .stop_points import StopPoints
 
 #: A pending operation looks for a failure it cannot see itself (:meth:`Recovery.watch`, which reads the clock)
 #: at every this many polls that found it not complete: a clock read costs more than a poll of a request about to
-#: complete (``hpccomm.work``'s own pace). Polls that nap (``hpccomm.work.NAP_S``, 0.2 ms) look every 3.2 ms, within
-#: the watch's own 10 ms.
+#: complete (``hpccomm.work.waiting``'s own pace). Polls that nap (``hpccomm.work.NAP_S``, 0.2 ms) look every
+#: 3.2 ms, within the watch's own 10 ms.
 _POLLS_PER_WATCH = 16
 
 

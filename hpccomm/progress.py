@@ -148,8 +148,7 @@ class ProgressEngine:
         with self._wakeup:
             works = [work for work in self._works if work.collective]
         finish_all(works)
-        with self._wakeup:
-            self._works = [work for work in self._works if not work._done]
+        self._drop_ended()
 
     def _poll(self, works: list[HpcWork]) -> list[HpcWork]:
         """Poll each of ``works`` once, its callbacks left to :mod:`hpccomm.callbacks`; drop the ended from the list.
@@ -158,9 +157,13 @@ class ProgressEngine:
         """
         ended = [work for work in works if work.poll(defer_callbacks=True)]
         if ended:
-            with self._wakeup:
-                self._works = [work for work in self._works if not work._done]
+            self._drop_ended()
         return ended
+
+    def _drop_ended(self) -> None:
+        """Forget the submitted works that have ended, by whichever thread."""
+        with self._wakeup:
+            self._works = [work for work in self._works if not work._done]
 
     def pending(self) -> int:
         """How many submitted works have not completed yet."""
@@ -169,8 +172,8 @@ class ProgressEngine:
 
     def _run(self) -> None:
         # Polls back to back while collectives are posted or complete, then, once none has for SPIN_S, naps
-        # between polls as a long wait does (hpccomm.work.drive): yielding, the threads of oversubscribed ranks
-        # starved the one that could make progress.
+        # between polls as a long wait does (hpccomm.work.waiting.drive): yielding, the threads of oversubscribed
+        # ranks starved the one that could make progress.
         spin_until = time.monotonic() + SPIN_S
         while True:
             with self._wakeup:

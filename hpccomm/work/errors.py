@@ -16,9 +16,13 @@ class CommTimeoutError(dist.DistBackendError):
     waiting <N>ms"), so code that catches or matches those catches this too.
     """
 
+    __module__ = "hpccomm.work"  # its public name, in tracebacks and messages as before this module was split out
+
 
 class GroupClosedError(RuntimeError):
     """The operation's group was aborted or shut down while it was pending."""
+
+    __module__ = "hpccomm.work"
 
 
 def timeout_error(label: Label, waited_s: float, final: bool = True) -> CommTimeoutError:

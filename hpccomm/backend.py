@@ -163,7 +163,7 @@ class HpccommBackend(Front, Backend):
         if self._closed is not None:
             raise RuntimeError(f"hpccomm split: {self.describe()} was {self._closed}; create a new group")
         MPI = world.mpi()
-        progress.engine().finish_collectives()  # MPI_Comm_split blocks
+        progress.engine().before_blocking_call()  # MPI_Comm_split blocks
         comm = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
         return None if comm == MPI.COMM_NULL else comm
 

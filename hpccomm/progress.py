@@ -131,23 +131,31 @@ class ProgressEngine:
             self._poll(works)
             self._moved = True
 
-    def finish_collectives(self) -> None:
-        """Without the thread, end every submitted collective (in call order, each within its own timeout) first.
+    def before_blocking_call(self) -> None:
+        """Without the thread, end every submitted collective and send out every deferred point-to-point one.
 
-        For a blocking MPI call of hpccomm's own, which polls nothing: a rank
-        that created a group while a peer waited for its async all-reduce on
-        shared memory hung there, and the peer timed out. Every rank calls a
-        job's collectives, a group's creation included, in one order, so its
-        peers end theirs too. A point-to-point operation is left in flight: its
-        peer may post its half only after that call (an ``irecv`` first, the
-        matching send after the group's creation). An error stays with its
-        work, for its own ``wait()``.
+        For a blocking MPI call of hpccomm's own (a group's creation or
+        split), which polls nothing: a rank that created a group while a peer
+        waited for its async all-reduce on shared memory hung there, and the
+        peer timed out. Every rank calls a job's collectives, a group's
+        creation included, in one order, so its peers end theirs too, each
+        within its own timeout. A point-to-point operation is left in flight:
+        its peer may post its half only after that call (an ``irecv`` first,
+        the matching send after the group's creation). But one that its path
+        posts only once the caller's stream has reached it (a CUDA tensor's
+        send) is posted first, within its own timeout, which waits for this
+        rank's device alone: a peer that received before creating the group
+        too waited for it until its timeout. An error stays with its work, for
+        its own ``wait()``.
         """
         if self._enabled or not self._works:
             return
         with self._wakeup:
-            works = [work for work in self._works if work.collective]
-        finish_all(works)
+            works = list(self._works)
+        finish_all([work for work in works if work.collective])
+        for work in works:
+            if not work.collective:
+                work.wait_posted()
         self._drop_ended()
 
     def _poll(self, works: list[HpcWork]) -> list[HpcWork]:

@@ -93,7 +93,7 @@ def _dist2_factory(
     if kwargs:
         raise ValueError(f"hpccomm: unexpected options {sorted(kwargs)}")
     rendezvous.check_user_identity(rank, world_size, world.identity())
-    progress.engine().finish_collectives()  # the calls below block in MPI
+    progress.engine().before_blocking_call()  # the calls below block in MPI
     return _build(_world_communicator(fresh=False).Dup(), list(range(world_size)), timeout)
 
 
@@ -119,7 +119,7 @@ def _create_group(opts: Any, _backend_options: Any = None) -> Front | None:
             if settings.ft_spares:
                 return _build_world_checked(opts.timeout)
         return _build_world(world.members().Dup(), opts.timeout)
-    progress.engine().finish_collectives()  # the calls below block in MPI
+    progress.engine().before_blocking_call()  # the calls below block in MPI
     if not ranks or ranks == list(range(ident.world_size)):
         return _build(_world_communicator(fresh=False).Dup(), list(range(ident.world_size)), opts.timeout)
     MPI = world.mpi()

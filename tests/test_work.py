@@ -149,12 +149,16 @@ def test_a_future_asked_for_as_the_work_ends_is_settled_once(failed):
 
 @pytest.mark.parametrize("path", ["staged", pytest.param("mpi", marks=pytest.mark.one_environment),
                                   pytest.param("ucc", marks=needs_ucc)])
-def test_without_the_thread_a_rank_blocked_in_another_call_still_posts_its_deferred_device_op(path):
-    # tests/ranks/device_paths.py: rank 0's async all-reduce waits for its (simulated) stream, and rank 0 then
-    # blocks in a CPU all-reduce while the other rank waits for the async one. Before, both timed out, on each path.
+def test_without_the_thread_a_deferred_device_op_goes_out_while_the_rank_blocks_elsewhere(path):
+    # tests/ranks/device_paths.py, each path's deferred post (it waits for the simulated stream) in two checks:
+    # rank 0's async all-reduce, while rank 0 blocks in a CPU all-reduce and the other rank waits for the async
+    # one (before, both timed out); rank 0's send, while rank 0 makes a group and rank 1 receives first (before,
+    # the send stayed unposted while rank 0 blocked in MPI, and rank 1 timed out).
     env = {"DEVICE_PATH": path, "HPCCOMM_PROGRESS_THREAD": "0", "FAKE_DEVICE_LATE": "1",
            **(ON_UCC if path == "ucc" else {})}
-    assert_all_ranks_ok(run_ranks(2, "device_paths.py", "blocked_in_another_call", env=env), 2)
+    run = run_ranks(2, "device_paths.py", "deferred", env=env)
+    assert_all_ranks_ok(run, 2)
+    assert all(f"OK rank={rank} checks=2" in run.output for rank in (0, 1)), "the two checks did not both run"
 
 
 @pytest.fixture
@@ -238,12 +242,75 @@ def test_before_a_blocking_mpi_call_of_its_own_every_async_collective_is_ended(t
     for submitted in [works[0], receive, works[1]]:
         threadless.submit(submitted)
     timers = [ended_by_another_thread(switch, 0.1) for switch in switches]
-    threadless.finish_collectives()
+    threadless.before_blocking_call()
     assert [w._done for w in works] == [True, True] and not receive._done and threadless.pending() == 1
     with pytest.raises(RuntimeError, match="peer gone"):
         works[1].wait()
     for timer in timers:
         timer.cancel()
+
+
+class DeferredSend(Switch):
+    """A send its path posts only once its inputs are ready (a device path's deferred post), polled by posted()."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready = threading.Event()
+        self.went_out = False
+
+    def posted(self) -> bool:
+        self.went_out = self.went_out or self.ready.is_set()
+        return self.went_out
+
+
+def send_of(pending: Switch, timeout_s: float = 5.0) -> HpcWork:
+    return HpcWork(pending, [], ("send", Group(), 1, (1,), 1), timeout_s)
+
+
+def test_before_a_blocking_mpi_call_of_its_own_a_deferred_send_goes_out(threadless):
+    # tests/ranks/device_paths.py: a peer that receives before creating a group too waited until its timeout for
+    # a send whose (simulated) stream was late, unposted while this rank created the group. It is posted first
+    # now, not waited to its end: the peer's receive ends it only after.
+    late, ready = DeferredSend(), DeferredSend()
+    ready.ready.set()
+    sends = [send_of(late), send_of(ready), send_of(Switch())]  # the last one posted at the call
+    for submitted in sends:
+        threadless.submit(submitted)
+    timer = threading.Timer(0.1, late.ready.set)
+    timer.start()
+    try:
+        threadless.before_blocking_call()
+    finally:
+        timer.cancel()
+    assert late.went_out and ready.went_out and threadless.pending() == 3
+    assert not any(send._done for send in sends)
+
+
+def test_a_deferred_send_whose_inputs_never_come_ends_with_its_timeout_before_a_blocking_call(threadless):
+    started = time.monotonic()
+    never = send_of(DeferredSend(), timeout_s=0.3)
+    threadless.submit(never)
+    threadless.before_blocking_call()
+    assert never._done and 0.3 <= time.monotonic() - started < 5.0 and threadless.pending() == 0
+    with pytest.raises(CommTimeoutError, match="send #1"):
+        never.wait()
+
+
+def test_a_deferred_send_another_thread_waits_on_is_left_to_that_thread_before_a_blocking_call(threadless):
+    # Its waiter posts it, and waits for its end, which its peer's receive may bring only after this rank's
+    # blocking call: waiting for that thread's hold on the work could last until the timeout.
+    send = send_of(DeferredSend(), timeout_s=2.0)
+    threadless.submit(send)
+    waited: list[BaseException] = []
+    waiter = threading.Thread(target=lambda: waited.append(pytest.raises(CommTimeoutError, send.wait).value))
+    waiter.start()
+    while not send.waiters:
+        time.sleep(0.001)
+    started = time.monotonic()
+    threadless.before_blocking_call()
+    assert time.monotonic() - started < 1.0 and not send._done
+    waiter.join()
+    assert waited and send._done
 
 
 # -- with the progress thread: a thread that waits moves the async work on host memory itself ----------------

@@ -90,6 +90,11 @@ class GatedPending:
         """The path that serves it: its device transport's (:mod:`hpccomm.profiling`)."""
         return path_of(self._inner)
 
+    def posted(self) -> bool:
+        """Post what is ready; True once the operation's requests have all been posted."""
+        self._ops.bind_thread()
+        return self._order is None or self._order.reached(self._ticket)
+
     def test(self) -> bool:
         if self._landed is None:
             if not self._ended():

@@ -113,6 +113,12 @@ class StagedPending:
 
     # -- Pending ----------------------------------------------------------------------
 
+    def posted(self) -> bool:
+        """Post if ready and still unposted; True once the host operation has been posted (or refused)."""
+        if self._host is None and self._error is None:
+            self._order.post_ready()
+        return self._host is not None or self._error is not None
+
     def test(self) -> bool:
         if self._landed is not None:
             return self._ops.query(self._landed)

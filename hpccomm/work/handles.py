@@ -15,7 +15,7 @@ from .. import callbacks
 from ..tracing import untraced
 from .errors import CommTimeoutError, timeout_error
 from .pending import Label, Pending
-from .waiting import check_abandoned, drive
+from .waiting import NAP_S, check_abandoned, drive
 
 
 def complete_inline(pending: Pending, label: Label, timeout_s: float) -> "CompletedWork":
@@ -197,6 +197,36 @@ class HpcWork(dist.Work):
         if self._pending.test():
             self._complete(None)
         return self._done
+
+    def wait_posted(self) -> None:
+        """Drive the work until its communication has gone out (not until it ends), within the group's timeout.
+
+        For an operation its path posts only once its inputs are ready
+        (a Pending's ``posted``: a device path's deferred post), before a
+        blocking MPI call of hpccomm's own, which polls nothing, while a peer
+        may wait for this operation before it joins that call. An error, or
+        the timeout, ends the work; without a deferred post it returns at once.
+        """
+        posted = getattr(self._pending, "posted", None)
+        if posted is None:
+            return
+        # A thread in wait() drives it out itself, maybe until it ends (a peer may receive only after this rank's
+        # blocking call): not waited for; a poll holds the claim for a moment.
+        while not self._claim.acquire(timeout=NAP_S):
+            if self.waiters or self._done or time.monotonic() > self._deadline:
+                return
+        try:
+            if not self._done:
+                self.waiters += 1  # so the wait's own moves of other works leave this one alone
+                try:
+                    if not drive(posted, self._deadline, self._label):
+                        self._complete(self._timeout_error(self._timeout_s))
+                finally:
+                    self.waiters -= 1
+        except Exception as exc:  # a departed peer, a closed group: the work ends with it
+            self._complete(exc)
+        finally:
+            self._claim.release()
 
     def _complete(self, error: BaseException | None, defer_callbacks: bool = False) -> None:
         if error is None:

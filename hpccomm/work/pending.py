@@ -17,7 +17,10 @@ class Pending(Protocol):
     A Pending may also have ``test_inline()``, which :func:`~hpccomm.work.complete_inline`
     polls instead of ``test()``: a blocking call may end sooner than its Work
     would, with what remains queued on the caller's CUDA stream (the staged
-    path's copy back, :mod:`hpccomm.transports.host_staged`).
+    path's copy back, :mod:`hpccomm.transports.host_staged`). One whose
+    communication goes out only once its inputs are ready (a device path's
+    deferred post) has ``posted()``: polled like ``test()``, True once it has
+    gone out (:meth:`~hpccomm.work.HpcWork.wait_posted`).
     """
 
     def test(self) -> bool:

@@ -84,6 +84,13 @@ def label() -> tuple:
     return ("staged", GROUP, _seq, None, GROUP.ledger.post("staged", -1))
 
 
+def p2p_label(op: str, peer: int) -> tuple:
+    """A point-to-point operation's label with ``peer``, counted on the group's ledger as the front counts one."""
+    global _seq
+    _seq += 1
+    return (op, GROUP, _seq, (peer,), GROUP.ledger.post(op, peer))
+
+
 def done(pending: Pending) -> None:
     """Complete a blocking operation, as the front does, and wait for the device, as reading its results would."""
     complete_inline(pending, label(), 60.0)
@@ -571,6 +578,34 @@ def a_rank_blocked_in_another_call_still_posts_its_deferred_one() -> None:
         cpu_all_reduce()
     DEVICE.synchronize()
     assert x.tolist() == [ranks_sum(1.0)] * 4 and b.tolist() == [ranks_sum(0.0)] * 2, (x, b)
+
+
+@check
+def a_deferred_send_goes_out_before_the_rank_makes_a_group() -> None:
+    # Rank 0's send waits for its (simulated) stream, which a kernel holds, when rank 0 makes a group; rank 1
+    # receives first, then makes it too. A group's creation blocks in MPI, which polls nothing: without the
+    # progress thread, the send stayed unposted there and rank 1 waited for it until its timeout.
+    x = torch.zeros(4)
+    if RANK == 0:
+        finish_kernel = DEVICE.stall(DEVICE.user)
+        DEVICE.launch(DEVICE.user, lambda: x.fill_(7.0))
+        send = HpcWork(TRANSPORT.send(x, 1, 11), [x], p2p_label("send", 1), 20.0)
+        engine().submit(send)
+        timer = threading.Timer(0.2, finish_kernel)  # the kernel ends while rank 0 makes the group
+        timer.start()
+        try:
+            group = dist.new_group(list(range(SIZE)))
+        finally:
+            timer.cancel()
+            finish_kernel()
+        send.wait()
+    else:
+        if RANK == 1:
+            complete_inline(TRANSPORT.recv(x, 0, 11), p2p_label("recv", 0), 10.0)
+            DEVICE.synchronize()
+            assert x.tolist() == [7.0] * 4, x
+        group = dist.new_group(list(range(SIZE)))
+    dist.destroy_process_group(group)
 
 
 # A check that hangs (issue 39's lone rank in a UCC team layer that sets up lazily did) is named with its stack
